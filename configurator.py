@@ -1,0 +1,109 @@
+"""Config files and --key=value overrides for train.py's module-level defaults.
+
+    python train.py config/shakespeare_char.py --batch_size=32 --compile=False
+
+Positional args are Python config files, applied in order (later wins); every
+--key=value override is applied after all files. Keys must already exist in the
+defaults and values must match the default's type (an int is accepted for a
+float; a None default accepts anything). A str default takes the raw text, so
+--out_dir=123 and --init_from=None stay strings. -h/--help lists the keys.
+
+    config = configure({k: globals()[k] for k in config_keys}, sys.argv[1:])
+"""
+import ast
+import difflib
+import os
+import runpy
+import sys
+import types
+
+
+class ConfigError(ValueError):
+    """A bad config file, unknown key or badly typed value."""
+
+
+def _known(key, defaults, source):
+    if key not in defaults:
+        close = difflib.get_close_matches(key, list(defaults), n=1)
+        hint = f"did you mean {close[0]!r}?" if close else "run with --help to list keys"
+        raise ConfigError(f"unknown config key {key!r} ({source}); {hint}")
+
+
+def _check(key, value, defaults, source):
+    """Return value (int -> float where the default is float) or raise ConfigError."""
+    _known(key, defaults, source)
+    default = defaults[key]
+    if default is None:
+        return value
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, (int, float)):
+        allowed = (int, float) if isinstance(default, float) else int
+        ok = isinstance(value, allowed) and not isinstance(value, bool)
+        value = float(value) if ok and isinstance(default, float) else value
+    else:
+        ok = isinstance(value, type(default))
+    if not ok:
+        raise ConfigError(f"config key {key!r} expects {type(default).__name__}, "
+                          f"got {type(value).__name__} {value!r} ({source})")
+    return value
+
+
+def _run_file(path):
+    """Execute a config file; return the public, non-module, non-callable names it defines."""
+    path_before, modules_before = list(sys.path), set(sys.modules)
+    package = os.path.basename(os.path.dirname(os.path.abspath(path)))
+    # so that `from config.base import *` works whatever the cwd is
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(path))))
+    try:
+        namespace = runpy.run_path(path, run_name="__config__")
+    except Exception as e:
+        raise ConfigError(f"error in config file {path}: {type(e).__name__}: {e}") from e
+    finally:
+        sys.path[:] = path_before
+        # forget config modules it imported, so a later call re-reads them from disk
+        for name in set(sys.modules) - modules_before:
+            if name == package or name.startswith(package + "."):
+                del sys.modules[name]
+    return {k: v for k, v in namespace.items()
+            if not k.startswith("_") and not isinstance(v, types.ModuleType) and not callable(v)}
+
+
+def _parse(key, raw, default):
+    if isinstance(default, str):
+        return raw
+    try:
+        return ast.literal_eval(raw)
+    except Exception:
+        if default is None:
+            return raw
+        raise ConfigError(f"config key {key!r} expects {type(default).__name__}, "
+                          f"could not parse {raw!r} (from --{key}={raw})") from None
+
+
+def configure(defaults: dict, argv: list) -> dict:
+    """Return a copy of defaults updated by each config file in argv (positional
+    args, in order) and then by each --key=value."""
+    if "-h" in argv or "--help" in argv:
+        for k in sorted(defaults):
+            print(f"--{k}={defaults[k]!r}  ({type(defaults[k]).__name__})")
+        raise SystemExit(0)
+    files, overrides = [], []
+    for arg in argv:
+        if arg.startswith("--"):
+            key, eq, raw = arg[2:].partition("=")
+            if not eq:
+                raise ConfigError(f"bad argument {arg!r}: use --{key}=value")
+            overrides.append((key, raw, arg))
+        elif os.path.isfile(arg):
+            files.append(arg)
+        else:
+            raise ConfigError(f"config file not found: {arg!r}")
+    config = dict(defaults)
+    for path in files:
+        for key, value in _run_file(path).items():
+            config[key] = _check(key, value, defaults, f"in {path}")
+    for key, raw, arg in overrides:
+        _known(key, defaults, f"from {arg}")
+        config[key] = _check(key, _parse(key, raw, defaults[key]), defaults, f"from {arg}")
+    return config

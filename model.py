@@ -1,0 +1,359 @@
+"""
+A short Pre-Norm GPT in the Llama style (RMSNorm, RoPE, SwiGLU, no biases) with a
+flag for each scale-vector variant of arXiv:2605.26895, "Negligible in Size,
+Significant in Effect: On Scale Vectors in Large Language Models".
+The definitions live in ../shared/design/scale_vectors.md ("design" below).
+
+Notation: Norm(x) = x / sqrt(mean(x^2) + eps) has no parameter; a scale vector g
+multiplies it: g * Norm(x). Every variant is made of three pieces:
+  ScaleVector   a learnable vector, plain or reparameterized (OR / ER), of kind
+                "input" (it can fold into an adjacent linear map) or "output";
+  ScaledLinear  a linear map fed by Norm(x): y = u * W(v * Norm(x)), computed as
+                (W * u v^T) Norm(x) once per step instead of per token;
+  OutputNorm    g * Norm(x) where no linear map follows (qk_norm, post_norm).
+"""
+import copy
+import math
+import time
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024
+    vocab_size: int = 50257      # the tokenizer's; the embedding is padded to a multiple of vocab_pad
+    vocab_pad: int = 64          # rows rounded up for fast matmuls; padded ids are never sampled
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    mlp_hidden: int = 0          # 0: 8/3 * n_embd rounded up to a multiple of 64 (Llama)
+    tie_embeddings: bool = True
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    # scale vectors: one flag per variant (design page)
+    scale_vectors: bool = True   # False: every norm is parameter-free (paper Fig. 1 ablation)
+    sv_hetero: bool = False      # HG, paper 3.1: one vector per branch (q, k, v; gate, up)
+    sv_placement: str = "pre"    # "pre" | "dp" | "dnp", paper 3.2
+    sv_reparam: str = "none"     # "none" | "or" | "er", paper 3.3
+    qk_norm: bool = False        # g_q * Norm(q), g_k * Norm(k) per head (Output-Norm)
+    post_norm: bool = False      # x + g_post * Norm(branch) (Output-Norm)
+
+    def __post_init__(self):
+        def check(ok, msg):
+            if not ok:
+                raise ValueError(f"GPTConfig: {msg}")
+        check(self.sv_placement in ("pre", "dp", "dnp"), f"sv_placement must be 'pre', 'dp' or 'dnp', not {self.sv_placement!r}")
+        check(self.sv_reparam in ("none", "or", "er"), f"sv_reparam must be 'none', 'or' or 'er', not {self.sv_reparam!r}")
+        if not self.scale_vectors:
+            for flag, off in (("sv_hetero", False), ("sv_placement", "pre"), ("sv_reparam", "none")):
+                check(getattr(self, flag) == off, f"{flag}={getattr(self, flag)!r} needs scale_vectors=True (there is no vector to vary)")
+        check(not (self.qk_norm and self.sv_placement == "dnp"),
+              "qk_norm=True with sv_placement='dnp' is redundant: DNP already puts a norm and a vector on q and k")
+        check(self.n_embd % self.n_head == 0 and (self.n_embd // self.n_head) % 2 == 0,
+              "n_embd must be a multiple of n_head with an even head size (RoPE rotates pairs)")
+
+    @property
+    def hidden(self):
+        return self.mlp_hidden or 64 * math.ceil(8 * self.n_embd / 3 / 64)
+
+    @property
+    def padded_vocab(self):
+        return self.vocab_pad * math.ceil(self.vocab_size / self.vocab_pad)
+
+
+def norm(x, eps):
+    """Norm(x): RMS normalization over the last dimension, no parameter."""
+    return F.rms_norm(x, (x.size(-1),), eps=eps)
+
+
+class ScaleVector(nn.Module):
+    """`rows` learnable vectors of length d, each 1 at init (paper: "scale vectors initialised to 1").
+    kind "input": it folds into an adjacent linear map (decayed under IWD); "output": it cannot."""
+
+    def __init__(self, rows, d, kind, reparam, names=None):
+        super().__init__()
+        self.kind, self.reparam, self.names = kind, reparam, names
+        if reparam == "none":
+            self.g = nn.Parameter(torch.ones(rows, d))
+        elif reparam == "or":   # paper 3.3, OR: g = beta * Norm(alpha); beta = 1, alpha = 1 at init
+            self.alpha = nn.Parameter(torch.ones(rows, d))
+            self.beta = nn.Parameter(torch.ones(rows, 1))
+        else:                   # paper 3.3, ER: g = exp(beta) * exp(alpha - mean(alpha)); both 0 at init
+            self.alpha = nn.Parameter(torch.zeros(rows, d))
+            self.beta = nn.Parameter(torch.zeros(rows, 1))
+
+    def forward(self):
+        """The effective vectors g, shape (rows, d)."""
+        if self.reparam == "or":
+            return self.beta * F.rms_norm(self.alpha, (self.alpha.size(-1),))
+        if self.reparam == "er":
+            return torch.exp(self.beta + self.alpha - self.alpha.mean(-1, keepdim=True))
+        return self.g
+
+
+class ScaledLinear(nn.Module):
+    """A (possibly fused) linear map fed by Norm(x), with the scale vectors that meet it.
+    The weight has `n_split` equal row blocks (q, k, v or gate, up), times `n_expert` for MoE.
+      v: input side (the Input-Norm vector): one shared row, or one row per block under HG;
+      u: output side, one row per block: DP folds it into W's rows, DNP applies u * Norm(.).
+    Design, unified view: W -> diag(u) W diag(v) = W * (u v^T), computed once per step."""
+
+    def __init__(self, d_in, d_out, cfg, n_split=1, names=None, dual=True, own_v=True, n_expert=0, group=0):
+        super().__init__()
+        lead = (n_expert,) if n_expert else ()
+        self.weight = nn.Parameter(torch.empty(*lead, d_out, d_in))   # initialized by GPT._init_weights
+        self.n_blocks, self.eps = max(n_expert, 1) * n_split, cfg.norm_eps
+        names = names if n_split > 1 else None
+        sv = cfg.scale_vectors
+        rows_v = self.n_blocks if cfg.sv_hetero else 1   # paper 3.1, HG: a vector per branch
+        self.v = ScaleVector(rows_v, d_in, "input", cfg.sv_reparam, names) if sv and own_v else None
+        self.placement = cfg.sv_placement if sv and dual else "pre"
+        # paper 3.2: DP's u folds into the rows of W (an input kind); DNP's u sits after a Norm (an output kind)
+        kind = "input" if self.placement == "dp" else "output"
+        self.u = ScaleVector(self.n_blocks, d_out // n_split, kind, cfg.sv_reparam, names) if self.placement != "pre" else None
+        self.group = group or d_out // n_split   # DNP normalizes groups of this size (a head, or a branch)
+
+    def effective_weight(self, v=None):
+        """W * (u v^T). `v` is passed in when the Input-Norm vector is shared with other maps (MoE)."""
+        W = self.weight
+        v = self.v() if self.v is not None else v
+        u = self.u() if self.placement == "dp" else None
+        if v is None and u is None:
+            return W
+        Wb = W.reshape(self.n_blocks, -1, W.size(-1))                     # (blocks, rows, d_in)
+        scale = 1
+        if v is not None:
+            scale = v.unsqueeze(1)                                         # paper 2.2: W diag(g)
+        if u is not None:
+            scale = u.unsqueeze(2) * scale                                 # paper 3.2, DP: diag(g_a) W diag(g_b)
+        return (Wb * scale).view_as(W)
+
+    def forward(self, z, v=None):
+        y = F.linear(z, self.effective_weight(v))
+        if self.placement == "dnp":   # paper 3.2, DNP: g_a * Norm(W(g_b * Norm(x)))
+            y = y.unflatten(-1, (-1, self.group))
+            y = norm(y, self.eps) * self.u().view(-1, self.group)
+            y = y.flatten(-2)
+        return y
+
+
+class OutputNorm(nn.Module):
+    """g * Norm(x) where no linear map follows, so g cannot fold (an Output-Norm, paper 2.2).
+    Parameter-free when scale_vectors=False."""
+
+    def __init__(self, d, cfg):
+        super().__init__()
+        self.eps = cfg.norm_eps
+        self.g = ScaleVector(1, d, "output", cfg.sv_reparam) if cfg.scale_vectors else None
+
+    def forward(self, x):
+        return F.rms_norm(x, (x.size(-1),), self.g().view(-1) if self.g is not None else None, self.eps)
+
+
+def rope_tables(cfg):
+    hd = cfg.n_embd // cfg.n_head
+    freqs = cfg.rope_theta ** (-torch.arange(0, hd, 2, dtype=torch.float32) / hd)
+    angles = torch.outer(torch.arange(cfg.block_size, dtype=torch.float32), freqs)   # (T, hd/2)
+    return angles.cos()[:, None, :], angles.sin()[:, None, :]                        # broadcast over heads
+
+
+def apply_rope(x, cos, sin):
+    """Rotate pairs (x1, x2) of each head by position-dependent angles; x: (B, T, H, hd)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    T = x.size(1)
+    cos, sin = cos[:T].to(x.dtype), sin[:T].to(x.dtype)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.n_head, self.hd = cfg.n_head, cfg.n_embd // cfg.n_head
+        d = cfg.n_embd
+        # fused q, k, v; g_attn (or g_q, g_k, g_v under HG) is folded into the weight; DNP normalizes per head
+        self.qkv = ScaledLinear(d, 3 * d, cfg, n_split=3, names=("q", "k", "v"), group=self.hd)
+        self.proj = nn.Linear(d, d, bias=False)
+        self.qk_norm = cfg.qk_norm
+        if cfg.qk_norm:   # Gemma 3 / Qwen3: one head-sized vector shared by the heads
+            self.q_norm, self.k_norm = OutputNorm(self.hd, cfg), OutputNorm(self.hd, cfg)
+
+    def forward(self, xn, cos, sin):
+        B, T, C = xn.shape
+        q, k, v = self.qkv(xn).view(B, T, 3, self.n_head, self.hd).unbind(2)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg, hidden, own_v=True):
+        super().__init__()
+        # fused gate and up; g_ffn (or g_gate, g_up under HG) folded in; DNP normalizes each branch
+        self.gate_up = ScaledLinear(cfg.n_embd, 2 * hidden, cfg, n_split=2, names=("gate", "up"), own_v=own_v)
+        self.down = nn.Linear(hidden, cfg.n_embd, bias=False)
+
+    def forward(self, xn, v=None):
+        gate, up = self.gate_up(xn, v).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.eps = cfg.norm_eps
+        self.attn = Attention(cfg)
+        self.mlp = SwiGLU(cfg, cfg.hidden)
+        self.post_norm = cfg.post_norm
+        if cfg.post_norm:   # Gemma's post-attention and post-FFN norms
+            self.attn_post, self.mlp_post = OutputNorm(cfg.n_embd, cfg), OutputNorm(cfg.n_embd, cfg)
+
+    def forward(self, x, cos, sin):
+        # Pre-Norm: x + Branch(g * Norm(x)); Norm(x) is computed once, g lives in the branch's weights
+        h = self.attn(norm(x, self.eps), cos, sin)
+        x = x + (self.attn_post(h) if self.post_norm else h)
+        h = self.mlp(norm(x, self.eps))
+        return x + (self.mlp_post(h) if self.post_norm else h)
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = cfg = config
+        self.wte = nn.Embedding(cfg.padded_vocab, cfg.n_embd)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        # logits = W_head(g_final * Norm(x)): g_final is an Input-Norm vector, folded into the head
+        self.head = ScaledLinear(cfg.n_embd, cfg.padded_vocab, cfg, dual=False)
+        if cfg.tie_embeddings:
+            self.head.weight = self.wte.weight
+        cos, sin = rope_tables(cfg)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module):
+        # GPT-2 / nanoGPT: N(0, 0.02); the two maps that write into the residual stream get
+        # 0.02 / sqrt(2 * n_layer) so the stream's variance does not grow with depth
+        std = 0.02
+        if isinstance(module, nn.Linear):
+            std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        if isinstance(module, (nn.Linear, nn.Embedding, ScaledLinear)):   # nn.Linear: proj and down only
+            torch.nn.init.normal_(module.weight, mean=0.0, std=std)
+
+    def forward(self, idx, targets=None):
+        """Returns (logits over the tokenizer's vocabulary, mean cross-entropy or None)."""
+        T = idx.size(1)
+        if T > self.config.block_size:
+            raise ValueError(f"sequence of {T} tokens is longer than block_size={self.config.block_size}")
+        x = self.wte(idx)
+        for block in self.blocks:
+            x = block(x, self.rope_cos, self.rope_sin)
+        logits = self.head(norm(x, self.config.norm_eps))
+        loss = None
+        if targets is not None:   # padded rows take part in the softmax and learn to stay low
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
+        return logits[..., : self.config.vocab_size], loss
+
+    # ---- scale vectors: classification, telemetry, folding -------------------------------
+
+    def param_classes(self):
+        """name -> class for every parameter, each in exactly one class: 'matrix', 'embedding',
+        'sv_input' (foldable: an Input-Norm vector or DP's u) or 'sv_output' (cannot fold)."""
+        classes, seen = {}, set()
+        for mname, m in self.named_modules():
+            for pname, p in m.named_parameters(recurse=False):
+                if id(p) in seen:   # a tied head shares the embedding's tensor
+                    continue
+                seen.add(id(p))
+                if isinstance(m, ScaleVector):
+                    cls = "sv_" + m.kind
+                elif m is self.wte:
+                    cls = "embedding"
+                elif p.dim() >= 2:
+                    cls = "matrix"
+                else:
+                    raise ValueError(f"parameter {mname}.{pname} has no class: add it to GPT.param_classes")
+                classes[f"{mname}.{pname}" if mname else pname] = cls
+        return classes
+
+    @torch.no_grad()
+    def scale_vector_stats(self):
+        """{name: [mean, min, max]} of every effective scale vector (after OR / ER), one entry per row/branch."""
+        stats = {}
+        for name, m in self.named_modules():
+            if isinstance(m, ScaleVector):
+                g = m().float()
+                for i, row in enumerate(g):
+                    key = f"{name}.{m.names[i]}" if m.names and len(g) > 1 else (name if len(g) == 1 else f"{name}.{i}")
+                    stats[key] = [row.mean().item(), row.min().item(), row.max().item()]
+        return stats
+
+    @torch.no_grad()
+    def fold_scale_vectors(self):
+        """A new, equivalent GPT with scale_vectors=False (paper 2.2: W(g * z) = (W diag(g)) z, so an
+        Input-Norm vector adds no expressivity). Only Output-Norm vectors cannot fold."""
+        c = self.config
+        blockers = [why for on, why in ((c.qk_norm, "qk_norm"), (c.post_norm, "post_norm"),
+                                        (c.sv_placement == "dnp", "sv_placement='dnp'")) if on]
+        if c.scale_vectors and blockers:
+            raise ValueError(f"cannot fold scale vectors with {', '.join(blockers)}: a Norm, not a linear map, "
+                             "follows those vectors (Output-Norms add expressivity)")
+        # g_final folds into the head, so a tied head must be untied
+        plain_cfg = replace(c, scale_vectors=False, sv_hetero=False, sv_placement="pre", sv_reparam="none",
+                            tie_embeddings=c.tie_embeddings and not c.scale_vectors)
+        plain = GPT(plain_cfg).to(self.wte.weight.device)
+        mods = dict(self.named_modules())
+        state = {}
+        for key in plain.state_dict():
+            mname, _, pname = key.rpartition(".")
+            m = mods[mname]
+            state[key] = m.effective_weight().clone() if isinstance(m, ScaledLinear) else getattr(m, pname).clone()
+        plain.load_state_dict(state)
+        return plain
+
+    # ---- sizes, speed, sampling ------------------------------------------------------------
+
+    def num_params(self):
+        return sum(p.numel() for p in self.parameters())
+
+    def flops_per_token(self):
+        """Training FLOPs per token: 6 per weight used in a matmul, plus attention (PaLM, appendix B)."""
+        c = self.config
+        n = self.num_params() - (0 if c.tie_embeddings else self.wte.weight.numel())
+        return 6 * n + 12 * c.n_layer * c.n_embd * c.block_size
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        """Sample max_new_tokens after the prompt idx (B, T), feeding back at most block_size tokens."""
+        for _ in range(max_new_tokens):
+            logits, _ = self(idx[:, -self.config.block_size:])
+            logits = logits[:, -1, :] / max(temperature, 1e-6)
+            if top_k is not None:
+                kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+                logits[logits < kth] = -float("inf")
+            idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+            idx = torch.cat((idx, idx_next), dim=1)
+        return idx
+
+
+# Peak dense bf16 FLOP/s (no sparsity) of common GPUs, for MFU; fp32 runs use the TF32 figure.
+GPU_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "A10G": 125e12, "L4": 121e12, "4090": 165e12}
+
+
+def peak_flops(device, dtype=torch.bfloat16):
+    """Peak FLOP/s of `device` for MFU: a table for GPUs, a short matmul probe on CPU."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        return next((v for k, v in GPU_PEAK_FLOPS.items() if k in name), 312e12)
+    a = torch.randn(1024, 1024, dtype=dtype, device=device)
+    a @ a
+    t0, n = time.perf_counter(), 0
+    while time.perf_counter() - t0 < 0.2:
+        a @ a
+        n += 1
+    return n * 2 * 1024 ** 3 / (time.perf_counter() - t0)

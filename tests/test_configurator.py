@@ -1,0 +1,201 @@
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from configurator import ConfigError, configure  # noqa: E402
+
+DEFAULTS = {
+    "out_dir": "out",
+    "init_from": "scratch",
+    "batch_size": 12,
+    "max_iters": 5000,
+    "learning_rate": 6e-4,
+    "compile": True,
+    "wandb_run_name": None,
+}
+
+
+def write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def test_returns_copy_and_defaults_untouched():
+    defaults = dict(DEFAULTS)
+    config = configure(defaults, ["--batch_size=4"])
+    assert config["batch_size"] == 4 and defaults["batch_size"] == 12
+    assert configure(defaults, []) == DEFAULTS and configure(defaults, []) is not defaults
+
+
+def test_file_then_cli_and_later_file_wins(tmp_path):
+    a = write(tmp_path / "a.py", "batch_size = 1\nmax_iters = 10\nimport math\n_private = 3\ndef f(): pass\n")
+    b = write(tmp_path / "b.py", "batch_size = 2\n")
+    config = configure(DEFAULTS, [a, b])
+    assert config["batch_size"] == 2 and config["max_iters"] == 10
+    # CLI overrides win even when written before the file
+    config = configure(DEFAULTS, ["--batch_size=7", a, b])
+    assert config["batch_size"] == 7 and config["max_iters"] == 10
+    config = configure(DEFAULTS, [a, "--max_iters=3", "--max_iters=4"])
+    assert config["max_iters"] == 4
+
+
+def test_config_file_sees_its_own_file(tmp_path):
+    p = write(tmp_path / "c.py", "import os\nout_dir = os.path.basename(__file__)\n")
+    assert configure(DEFAULTS, [p])["out_dir"] == "c.py"
+
+
+def test_int_accepted_for_float():
+    lr = configure(DEFAULTS, ["--learning_rate=1"])["learning_rate"]
+    assert lr == 1.0 and type(lr) is float
+    assert configure(DEFAULTS, ["--learning_rate=3e-4"])["learning_rate"] == 3e-4
+
+
+def test_int_accepted_for_float_in_file(tmp_path):
+    p = write(tmp_path / "c.py", "learning_rate = 2\n")
+    assert type(configure(DEFAULTS, [p])["learning_rate"]) is float
+
+
+def test_none_default_takes_string_number_or_none():
+    assert configure(DEFAULTS, ["--wandb_run_name=run1"])["wandb_run_name"] == "run1"
+    assert configure(DEFAULTS, ["--wandb_run_name=42"])["wandb_run_name"] == 42
+    assert configure(DEFAULTS, ["--wandb_run_name=None"])["wandb_run_name"] is None
+    assert configure(DEFAULTS, ["--wandb_run_name=a b=c"])["wandb_run_name"] == "a b=c"
+
+
+def test_value_containing_equals():
+    config = configure(DEFAULTS, ["--out_dir=runs/a=b", "--init_from=x=y"])
+    assert config["out_dir"] == "runs/a=b" and config["init_from"] == "x=y"
+
+
+def test_str_default_keeps_raw_text():
+    # a str default always takes the raw text: no literal_eval, so '123' and 'None' stay strings
+    assert configure(DEFAULTS, ["--out_dir=123"])["out_dir"] == "123"
+    assert configure(DEFAULTS, ["--out_dir=None"])["out_dir"] == "None"
+    assert configure(DEFAULTS, ["--out_dir='q'"])["out_dir"] == "'q'"
+    assert configure(DEFAULTS, ["--out_dir="])["out_dir"] == ""
+
+
+def test_bool_parsing():
+    assert configure(DEFAULTS, ["--compile=False"])["compile"] is False
+    assert configure(DEFAULTS, ["--compile=True"])["compile"] is True
+    for bad in ("0", "1", "false", "yes"):
+        with pytest.raises(ConfigError, match="'compile'"):
+            configure(DEFAULTS, [f"--compile={bad}"])
+
+
+@pytest.mark.parametrize("arg, fragment", [
+    ("--max_iters=3.5", "config key 'max_iters' expects int, got float 3.5 (from --max_iters=3.5)"),
+    ("--max_iters=True", "expects int, got bool"),
+    ("--max_iters=None", "expects int, got NoneType"),
+    ("--max_iters=abc", "'max_iters' expects int, could not parse 'abc'"),
+    ("--learning_rate=True", "'learning_rate' expects float, got bool"),
+    ("--learning_rate=[1]", "'learning_rate' expects float, got list"),
+])
+def test_wrong_types_rejected(arg, fragment):
+    with pytest.raises(ConfigError) as e:
+        configure(DEFAULTS, [arg])
+    assert fragment in str(e.value)
+
+
+def test_wrong_type_in_file(tmp_path):
+    p = write(tmp_path / "c.py", "out_dir = 5\n")
+    with pytest.raises(ConfigError, match=r"'out_dir' expects str, got int 5 \(in .*c\.py\)"):
+        configure(DEFAULTS, [p])
+
+
+def test_unknown_key_on_cli_names_closest():
+    with pytest.raises(ConfigError) as e:
+        configure(DEFAULTS, ["--learnig_rate=1e-3"])
+    assert "unknown config key 'learnig_rate'" in str(e.value)
+    assert "did you mean 'learning_rate'?" in str(e.value)
+
+
+def test_unknown_key_without_close_match():
+    with pytest.raises(ConfigError) as e:
+        configure(DEFAULTS, ["--zzzzqqqq=1"])
+    assert "zzzzqqqq" in str(e.value) and "did you mean" not in str(e.value)
+    assert "--help" in str(e.value)
+
+
+def test_unknown_key_in_file_names_file_and_closest(tmp_path):
+    p = write(tmp_path / "foo.py", "batch_sise = 3\n")
+    with pytest.raises(ConfigError) as e:
+        configure(DEFAULTS, [p])
+    msg = str(e.value)
+    assert "'batch_sise'" in msg and "foo.py" in msg and "did you mean 'batch_size'?" in msg
+
+
+def test_bad_arguments():
+    with pytest.raises(ConfigError, match="--compile=value"):
+        configure(DEFAULTS, ["--compile"])
+    with pytest.raises(ConfigError, match="no_such_file.py"):
+        configure(DEFAULTS, ["no_such_file.py"])
+    with pytest.raises(ConfigError):
+        configure(DEFAULTS, ["-x"])
+
+
+def test_exception_in_config_file(tmp_path):
+    p = write(tmp_path / "broken.py", "batch_size = 1 / 0\n")
+    with pytest.raises(ConfigError) as e:
+        configure(DEFAULTS, [p])
+    assert "broken.py" in str(e.value) and "ZeroDivisionError" in str(e.value)
+
+
+def make_package(root, pkg, base_batch):
+    write(root / pkg / "base.py", f"batch_size = {base_batch}\nmax_iters = 100\n")
+    return write(root / pkg / "child.py", f"from {pkg}.base import *\nmax_iters = 200\n")
+
+
+@pytest.mark.parametrize("base_batch", [3, 5])  # runs twice: must not reuse a cached config.base
+def test_config_file_imports_another(tmp_path, monkeypatch, base_batch):
+    make_package(tmp_path, "config", base_batch)
+    monkeypatch.chdir(tmp_path)
+    before = set(sys.modules)
+    config = configure(DEFAULTS, ["config/child.py"])
+    assert config["batch_size"] == base_batch and config["max_iters"] == 200
+    assert not [m for m in set(sys.modules) - before if m.split(".")[0] == "config"]
+    assert str(tmp_path) not in sys.path
+
+
+def test_imports_work_from_another_cwd_and_after_file_changes(tmp_path, monkeypatch):
+    child = make_package(tmp_path, "config", 7)
+    monkeypatch.chdir(tmp_path / "config")  # a relative path that is not under the repo root
+    assert configure(DEFAULTS, ["child.py"])["batch_size"] == 7
+    (tmp_path / "config" / "base.py").write_text("batch_size = 8\n")
+    assert configure(DEFAULTS, [child])["batch_size"] == 8
+
+
+def test_help_lists_keys_and_exits(capsys):
+    with pytest.raises(SystemExit) as e:
+        configure(DEFAULTS, ["--batch_size=3", "--help"])
+    assert e.value.code in (0, None)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == len(DEFAULTS)
+    assert [line.split("=")[0].lstrip("-") for line in lines] == sorted(DEFAULTS)
+    assert any("batch_size" in l and "12" in l and "int" in l for l in lines)
+    with pytest.raises(SystemExit):
+        configure(DEFAULTS, ["-h"])
+
+
+def test_validation_does_not_rely_on_assert():
+    code = textwrap.dedent("""
+        assert False, "asserts are on"
+        from configurator import configure, ConfigError
+        for argv in (["--learnig_rate=1"], ["--max_iters=3.5"], ["--compile=1"]):
+            try:
+                configure({"learning_rate": 0.1, "max_iters": 1, "compile": True}, argv)
+            except ConfigError:
+                continue
+            raise SystemExit("no ConfigError for %r" % argv)
+        print("ok")
+    """)
+    r = subprocess.run([sys.executable, "-O", "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
