@@ -281,6 +281,21 @@ class GPT(nn.Module):
                 classes[f"{mname}.{pname}" if mname else pname] = cls
         return classes
 
+    def param_groups(self, weight_decay, sv_weight_decay="none"):
+        """Optimizer groups, one per class of param_classes(). Matrices and embeddings are decayed; scale
+        vectors by sv_weight_decay: "none", "all", or "iwd" (paper 2.2: only the Input-Norm ones)."""
+        decayed = {"matrix", "embedding"} | {"none": set(), "iwd": {"sv_input"}, "all": {"sv_input", "sv_output"}}[sv_weight_decay]
+        classes, params = self.param_classes(), dict(self.named_parameters())
+        groups = []
+        for cls in ("matrix", "embedding", "sv_input", "sv_output"):
+            ps = [params[n] for n, c in classes.items() if c == cls]
+            if ps:
+                groups.append({"params": ps, "name": cls, "weight_decay": weight_decay if cls in decayed else 0.0})
+        grouped = [id(p) for g in groups for p in g["params"]]   # every parameter in exactly one group
+        if len(grouped) != len(set(grouped)) or set(grouped) != {id(p) for p in self.parameters()}:
+            raise RuntimeError("optimizer groups do not cover every parameter exactly once: fix GPT.param_classes")
+        return groups
+
     @torch.no_grad()
     def scale_vector_stats(self):
         """{name: [mean, min, max]} of every effective scale vector (after OR / ER), one entry per row/branch."""

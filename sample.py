@@ -1,0 +1,53 @@
+"""
+Sample from a trained model: the newest complete checkpoint of out_dir.
+
+    python sample.py --out_dir=out/shakespeare_char --start="ROMEO:" --num_samples=2 --max_new_tokens=300
+    python sample.py --out_dir=out/shakespeare_char --start=FILE:prompt.txt
+"""
+import os
+import sys
+
+import torch
+
+import checkpoint
+from configurator import ConfigError, configure
+from model import GPT, GPTConfig
+from prepare_data import get_tokenizer, load_meta
+
+out_dir = "out"
+start = "\n"            # the prompt, or FILE:path to read it from a file
+num_samples = 3
+max_new_tokens = 500
+temperature = 0.8       # < 1 sharpens the distribution, > 1 flattens it
+top_k = 200             # keep only the k most likely tokens (0: all)
+seed = 1337
+device = ""             # "" picks cuda, then mps, then cpu
+
+try:
+    globals().update(configure({k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, str))}, sys.argv[1:]))
+    path, ckpt = checkpoint.load_latest(out_dir)
+except (ConfigError, checkpoint.CheckpointError) as e:
+    sys.exit(f"error: {e}")
+device = device or ("cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu")
+torch.manual_seed(seed)
+
+model = GPT(GPTConfig(**ckpt["model_args"]))
+model.load_state_dict(ckpt["model"])
+model.eval().to(device)
+encode, decode = get_tokenizer(load_meta(os.path.join("data", ckpt["config"]["dataset"])))
+
+if start.startswith("FILE:"):
+    with open(start[5:], encoding="utf-8") as f:
+        start = f.read()
+try:
+    ids = encode(start)
+except ValueError as e:   # a character outside a char-level vocabulary
+    sys.exit(f"error: the prompt cannot be encoded: {e}")
+if not ids:
+    sys.exit("error: the prompt encodes to no token: give a non-empty --start")
+x = torch.tensor(ids, dtype=torch.long, device=device)[None, :]
+print(f"{path} (iteration {ckpt['iter_num']}, best val loss {ckpt['best_val_loss']:.4f})")
+for _ in range(num_samples):
+    y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None)
+    print(decode(y[0].tolist()))
+    print("---------------")

@@ -1,0 +1,337 @@
+"""
+Pre-train the GPT of model.py on one process, or on many with DDP through torchrun.
+
+    python train.py config/shakespeare_char.py                        # a laptop CPU, a few minutes
+    python train.py config/shakespeare_char.py --init_from=resume     # continue from the last checkpoint
+    torchrun --standalone --nproc_per_node=8 train.py config/unified_124m.py
+
+Every module-level name below the imports is a config key: a config file sets some,
+then --key=value overrides (configurator.py); `python train.py --help` lists them.
+"""
+import json
+import math
+import os
+import random
+import signal
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, fields
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import checkpoint
+from configurator import ConfigError, configure
+from model import GPT, GPTConfig, peak_flops
+from prepare_data import load_meta
+
+# -----------------------------------------------------------------------------
+# I/O
+out_dir = "out"
+eval_interval = 250
+eval_iters = 20            # fixed validation batches: the same ones at every eval and in every run
+log_interval = 10
+init_from = "scratch"      # "scratch" | "resume" (the newest complete checkpoint in out_dir)
+resume_fallback = False    # on resume, skip a corrupt newest checkpoint for the one before it
+keep_checkpoints = 3
+# data
+dataset = "shakespeare_char"   # data/<dataset>/{train,val}.bin from prepare_data.py
+batch_size = 12            # sequences per micro-step and process
+gradient_accumulation_steps = 1   # micro-steps per optimizer step, summed over all processes
+# model: every field of model.GPTConfig is a config key too (block_size, n_layer, sv_hetero, ...)
+globals().update({f.name: f.default for f in fields(GPTConfig) if f.name != "vocab_size"})
+# optimizer: AdamW
+learning_rate = 6e-4
+max_iters = 5000
+weight_decay = 0.1         # on matrices and embeddings
+sv_weight_decay = "none"   # which scale vectors get weight_decay: "none" | "all" | "iwd" (Input-Norm only)
+beta1 = 0.9
+beta2 = 0.95
+grad_clip = 1.0            # 0 disables
+# learning rate: linear warmup, then cosine decay to min_lr
+warmup_iters = 100
+lr_decay_iters = None      # None: max_iters
+min_lr = 6e-5
+# system
+device = ""                # "" picks cuda, then mps, then cpu
+dtype = ""                 # "float32" | "bfloat16" (autocast); "" picks bfloat16 on CUDA, float32 elsewhere
+compile = False            # torch.compile the model
+seed = 1337                # fixes the initialization and the order of training batches
+# -----------------------------------------------------------------------------
+config_keys = [k for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))]
+try:
+    config = configure({k: globals()[k] for k in config_keys}, sys.argv[1:])
+except ConfigError as e:
+    sys.exit(f"error: {e}")
+globals().update(config)
+lr_decay_iters = lr_decay_iters or max_iters
+if sv_weight_decay not in ("none", "all", "iwd"):
+    sys.exit(f"error: sv_weight_decay must be 'none', 'all' or 'iwd', not {sv_weight_decay!r}")
+
+# ---- processes and device -----------------------------------------------------
+ddp = "RANK" in os.environ   # set by torchrun
+device = device or ("cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu")
+if ddp:
+    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    if device.startswith("cuda"):
+        device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
+        torch.cuda.set_device(device)
+else:
+    rank, world_size = 0, 1
+master = rank == 0
+if gradient_accumulation_steps % world_size:
+    sys.exit(f"error: gradient_accumulation_steps={gradient_accumulation_steps} is not a multiple of the {world_size} processes")
+accum = gradient_accumulation_steps // world_size   # micro-steps per process
+device_type = torch.device(device).type
+dtype = dtype or ("bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32")
+if dtype not in ("float32", "bfloat16"):
+    sys.exit(f"error: dtype must be 'float32' or 'bfloat16', not {dtype!r}")
+autocast = torch.autocast(device_type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
+torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
+if master:
+    print(f"{world_size} process(es) on {device} in {dtype}; {tokens_per_iter:,} tokens per iteration "
+          f"({accum} micro-steps x {world_size} processes x {batch_size} x {block_size})")
+
+# ---- data: uint16 token files; batches depend only on (seed, step, micro-step) -------------
+data_dir = os.path.join("data", dataset)
+meta = load_meta(data_dir)
+
+
+def split_tokens(split):
+    # a new memmap each time: a long-lived one grows the process's memory (nanoGPT's note)
+    data = np.memmap(os.path.join(data_dir, f"{split}.bin"), dtype=np.uint16, mode="r")
+    if len(data) <= block_size + 1:
+        sys.exit(f"error: {data_dir}/{split}.bin has {len(data)} tokens, not more than block_size={block_size}: "
+                 "lower --block_size or prepare more text")
+    return data
+
+
+def batch_at(data, starts):
+    x = np.stack([data[i : i + block_size] for i in starts]).astype(np.int64)
+    y = np.stack([data[i + 1 : i + 1 + block_size] for i in starts]).astype(np.int64)
+    if max(x.max(), y.max()) >= meta["vocab_size"]:
+        sys.exit(f"error: {data_dir} holds token id {max(x.max(), y.max())}, beyond vocab_size={meta['vocab_size']} "
+                 "in meta.json: the data and its meta.json disagree; prepare the dataset again")
+    x, y = torch.from_numpy(x), torch.from_numpy(y)
+    if device_type == "cuda":
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x.to(device), y.to(device)
+
+
+def train_batch(step, micro):
+    """Micro-batch `micro` of this process at `step`: a pure function of (seed, step, global micro-batch),
+    so a resumed run, and any split of the same global batch over processes, sees the same data."""
+    data = split_tokens("train")
+    rng = np.random.default_rng([seed, step, micro * world_size + rank])
+    return batch_at(data, rng.integers(0, len(data) - block_size - 1, size=batch_size))
+
+
+def eval_batches(split):
+    """eval_iters batches at evenly spaced, fixed offsets: identical for every run and variant."""
+    data = split_tokens(split)
+    starts = np.linspace(0, len(data) - block_size - 1, eval_iters * batch_size).astype(np.int64)
+    for k in range(rank, eval_iters, world_size):   # shared out over processes, summed below
+        yield batch_at(data, starts[k * batch_size : (k + 1) * batch_size])
+
+
+# ---- model, optimizer, checkpoint ------------------------------------------------------
+model_args = {f.name: config.get(f.name) for f in fields(GPTConfig) if f.name != "vocab_size"}
+model_args["vocab_size"] = meta["vocab_size"]
+iter_num, best_val_loss, ckpt = 0, float("inf"), None
+if init_from == "resume":
+    try:
+        ckpt_path, ckpt = checkpoint.load_latest(out_dir, fallback=resume_fallback)
+    except checkpoint.CheckpointError as e:
+        sys.exit(f"error: {e}")
+    mismatched = {k: (ckpt["model_args"].get(k), v) for k, v in model_args.items() if ckpt["model_args"].get(k) != v}
+    if mismatched:
+        sys.exit(f"error: {ckpt_path} was trained with a different model; mismatched keys (checkpoint, requested): "
+                 + ", ".join(f"{k}=({a!r}, {b!r})" for k, (a, b) in mismatched.items()))
+    iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
+    if master:
+        print(f"resuming from {ckpt_path} at iteration {iter_num}")
+elif init_from != "scratch":
+    sys.exit(f"error: init_from must be 'scratch' or 'resume', not {init_from!r}")
+
+torch.manual_seed(seed)
+model = GPT(GPTConfig(**model_args)).to(device)
+if ckpt:
+    model.load_state_dict(ckpt["model"])
+raw_model = model
+if master:
+    print(f"model: {model.num_params() / 1e6:.2f}M parameters")
+
+
+def make_optimizer():
+    """AdamW with one parameter group per class of GPT.param_classes(); prints what is decayed."""
+    groups = raw_model.param_groups(weight_decay, sv_weight_decay)
+    if master:
+        print(f"{'class':<10} {'tensors':>7} {'params':>12} {'lr':>8} {'decay':>6}")
+        for g in groups:
+            print(f"{g['name']:<10} {len(g['params']):>7} {sum(p.numel() for p in g['params']):>12,} "
+                  f"{learning_rate:>8.1e} {g['weight_decay']:>6}")
+    return torch.optim.AdamW(groups, lr=learning_rate, betas=(beta1, beta2), fused=device_type == "cuda")
+
+
+optimizer = make_optimizer()
+if ckpt:
+    optimizer.load_state_dict(ckpt["optimizer"])
+    random.setstate(ckpt["rng"]["python"])
+    np.random.set_state((ckpt["rng"]["numpy"][0], ckpt["rng"]["numpy"][1].numpy(), *ckpt["rng"]["numpy"][2:]))
+    torch.set_rng_state(ckpt["rng"]["torch"])
+    if device_type == "cuda" and "cuda" in ckpt["rng"]:
+        torch.cuda.set_rng_state(ckpt["rng"]["cuda"])
+ckpt = None   # free memory
+if compile:
+    model = torch.compile(model)
+if ddp:
+    model = DDP(model, device_ids=[torch.device(device).index] if device_type == "cuda" else None)
+
+
+def save_checkpoint():
+    np_state = np.random.get_state()
+    state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "model_args": model_args,
+             "config": config, "iter_num": iter_num, "best_val_loss": best_val_loss,
+             "rng": {"python": random.getstate(), "torch": torch.get_rng_state(),
+                     "numpy": [np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]],
+                     **({"cuda": torch.cuda.get_rng_state()} if device_type == "cuda" else {})}}
+    path = checkpoint.save(out_dir, state, iter_num, keep_checkpoints)
+    print(f"saved {path}")
+    return path
+
+
+def get_lr(it):
+    """Linear warmup to learning_rate, then cosine decay to min_lr at lr_decay_iters."""
+    if it < warmup_iters:
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+    if it >= lr_decay_iters:
+        return min_lr
+    ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
+
+
+@torch.no_grad()
+def evaluate():
+    """Mean loss over the fixed batches of each split, summed over processes."""
+    raw_model.eval()
+    out = {}
+    for split in ("train", "val"):
+        total = torch.zeros(2, device=device)
+        for x, y in eval_batches(split):
+            with autocast:
+                _, loss = raw_model(x, y)
+            total += torch.stack([loss.float(), torch.ones((), device=device)])
+        if ddp:
+            dist.all_reduce(total)
+        out[split] = (total[0] / total[1]).item()
+    raw_model.train()
+    return out
+
+
+# ---- metrics: one JSON record per line, for plots -------------------------------------
+metrics_path = os.path.join(out_dir, "metrics.jsonl")
+if master:
+    os.makedirs(out_dir, exist_ok=True)
+    if init_from == "resume" and os.path.exists(metrics_path):   # drop what the interrupted run logged after
+        with open(metrics_path) as f:                            # the checkpoint, so the file reads as one run
+            kept = [r for r in map(json.loads, f) if r["iter"] <= iter_num]
+        with open(metrics_path + ".tmp", "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in kept)
+        os.replace(metrics_path + ".tmp", metrics_path)
+    elif init_from == "scratch" and os.path.exists(metrics_path):
+        os.remove(metrics_path)
+    metrics_file = open(metrics_path, "a")
+
+
+def log_metrics(record):
+    metrics_file.write(json.dumps(record) + "\n")
+    metrics_file.flush()
+
+
+# ---- preemption: SIGTERM / SIGINT finish the step, save, and exit 0 -----------------------
+stop_signal = []
+signal.signal(signal.SIGTERM, lambda sig, frame: stop_signal.append(sig))
+signal.signal(signal.SIGINT, lambda sig, frame: stop_signal.append(sig))
+
+
+def stop_requested():
+    if not ddp:
+        return bool(stop_signal)
+    if iter_num % log_interval:   # the processes agree once per log interval: a sync every step would cost speed
+        return False
+    flag = torch.tensor(float(bool(stop_signal)), device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)   # all stop together, or the others would wait forever
+    return flag.item() > 0
+
+
+# ---- the training loop ---------------------------------------------------------------------
+flops_per_iter = raw_model.flops_per_token() * tokens_per_iter
+peak = peak_flops(torch.device(device), torch.bfloat16 if dtype == "bfloat16" else torch.float32)
+start_iter, last_ckpt = iter_num, (ckpt_path if init_from == "resume" else None)
+t0, timed_steps = time.perf_counter(), 0
+while True:
+    if (iter_num % eval_interval == 0 or iter_num == max_iters) and not (iter_num == start_iter and start_iter > 0):
+        losses = evaluate()
+        if master:
+            print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+            log_metrics({"kind": "eval", "iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"],
+                         "lr": get_lr(iter_num), "scale_vectors": raw_model.scale_vector_stats()})
+        if not math.isfinite(losses["val"]):
+            sys.exit(f"error: validation loss is {losses['val']} at step {iter_num}; the last good checkpoint is "
+                     f"{last_ckpt or 'none'}: resume from it with --init_from=resume and a lower learning_rate")
+        best_val_loss = min(best_val_loss, losses["val"])
+        if iter_num > start_iter and master:
+            last_ckpt = save_checkpoint()
+        if ddp:
+            dist.barrier()   # the other processes wait until the checkpoint is complete
+        t0, timed_steps = time.perf_counter(), 0   # evaluation is not training time
+    if iter_num >= max_iters:
+        break
+    if stop_requested():
+        if master:
+            print(f"stop signal at step {iter_num}: saving and exiting")
+            save_checkpoint()
+        break
+
+    lr = get_lr(iter_num)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    step_loss = torch.zeros((), device=device)
+    for micro in range(accum):
+        x, y = train_batch(iter_num, micro)
+        # DDP: all-reduce gradients on the last micro-step only
+        with model.no_sync() if ddp and micro < accum - 1 else nullcontext():
+            with autocast:
+                _, loss = model(x, y)
+                loss = loss / accum
+            loss.backward()
+        step_loss += loss.detach()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf"))
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    iter_num += 1
+    timed_steps += 1
+
+    if iter_num % log_interval == 0:
+        if ddp:
+            dist.all_reduce(step_loss, op=dist.ReduceOp.AVG)
+        loss_f = step_loss.item()   # waits for the device: only once per log interval
+        dt = (time.perf_counter() - t0) / timed_steps
+        t0, timed_steps = time.perf_counter(), 0
+        if not math.isfinite(loss_f):
+            sys.exit(f"error: training loss is {loss_f} at step {iter_num}; the last good checkpoint is "
+                     f"{last_ckpt or 'none'}: resume from it with --init_from=resume and a lower learning_rate")
+        if master:
+            mfu = flops_per_iter / dt / peak
+            print(f"iter {iter_num}: loss {loss_f:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter, "
+                  f"{tokens_per_iter / dt:,.0f} tok/s, mfu {100 * mfu:.1f}%")
+            log_metrics({"kind": "train", "iter": iter_num, "loss": loss_f, "lr": lr, "grad_norm": grad_norm.item(),
+                         "ms_per_iter": 1000 * dt, "tokens_per_s": tokens_per_iter / dt, "mfu": mfu})
+
+if ddp:
+    dist.destroy_process_group()
