@@ -1,0 +1,301 @@
+"""
+Turn text into token files for training: data/<name>/{train.bin, val.bin, meta.json}.
+train.bin and val.bin are raw numpy uint16 token ids (as in nanoGPT); meta.json is written
+last and marks the set complete. A re-run with the same source and settings does nothing.
+
+    python prepare_data.py shakespeare_char          # char-level Tiny Shakespeare (vocab 65)
+    python prepare_data.py shakespeare               # same text, GPT-2 BPE
+    python prepare_data.py text --input book.txt --name book [--tokenizer gpt2|char]
+    python prepare_data.py fineweb_edu --num_tokens 1e8   # needs `pip install datasets` and network
+
+The text commands put the last --val_fraction (0.1) of the characters in val.bin.
+fineweb_edu puts the first --val_tokens (default 0.5% of --num_tokens) of the stream in val.bin
+and the rest, up to --num_tokens in all, in train.bin; <|endoftext|> precedes every document.
+"""
+import argparse
+import base64
+import contextlib
+import functools
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import tiktoken
+
+ROOT = Path(__file__).parent
+SHAKESPEARE = ROOT / "data/raw/tinyshakespeare.txt"
+SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+GPT2_RANKS = ROOT / "data/raw/gpt2.tiktoken"
+GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
+GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+EOT = 50256
+FINEWEB = "HuggingFaceFW/fineweb-edu (sample-10BT, streaming)"
+
+# -----------------------------------------------------------------------------
+# tokenizers (also used by train.py and sample.py)
+
+@functools.lru_cache
+def gpt2_encoding(path=GPT2_RANKS, sha256=GPT2_RANKS_SHA256):
+    """GPT-2's BPE built from the vendored ranks file: tiktoken.get_encoding("gpt2") would download it."""
+    path = Path(path)
+    if not path.is_file():
+        raise SystemExit(f"error: GPT-2 vocabulary file {path} is missing: restore it from git.")
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise SystemExit(f"error: GPT-2 vocabulary file {path} has the wrong sha256 (damaged or not GPT-2's ranks): restore it from git.")
+    # parsed here, not by tiktoken.load.load_tiktoken_bpe: that one keeps a copy in /tmp keyed by
+    # the path and serves it even after the file itself is gone or changed
+    ranks = {base64.b64decode(tok): int(rank) for tok, rank in (line.split() for line in data.splitlines() if line)}
+    return tiktoken.Encoding(name="gpt2", pat_str=GPT2_PAT, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": EOT})
+
+def load_meta(data_dir):
+    path = Path(data_dir) / "meta.json"
+    if not path.is_file():
+        name = Path(data_dir).name
+        cmd = name if name in ("shakespeare_char", "shakespeare", "fineweb_edu") else f"text --input FILE --name {name}"
+        raise SystemExit(f"error: no prepared data in {data_dir} (meta.json missing): run `python prepare_data.py {cmd}` first")
+    return json.loads(path.read_text())
+
+def get_tokenizer(meta):
+    """(encode, decode) for the tokenizer a meta.json names."""
+    if meta["tokenizer"] == "gpt2":
+        enc = gpt2_encoding()
+        return enc.encode_ordinary, enc.decode
+    if meta["tokenizer"] == "char":
+        chars = meta["chars"]
+        stoi = {c: i for i, c in enumerate(chars)}
+        def encode(s):
+            try:
+                return [stoi[c] for c in s]
+            except KeyError as e:
+                raise ValueError(f"character {e.args[0]!r} is not in this char-level vocabulary") from None
+        return encode, lambda ids: "".join(chars[i] for i in ids)
+    raise SystemExit(f"error: unknown tokenizer {meta['tokenizer']!r} in meta.json (expected 'char' or 'gpt2')")
+
+# -----------------------------------------------------------------------------
+# writing token files
+
+class Progress:
+    """One self-overwriting line on stderr: 'tokenizing:  45% 450.0M/1.0G tokens 12.3M tokens/s'."""
+    def __init__(self, what, total, unit):
+        self.what, self.total, self.unit, self.n, self.shown = what, total, unit, 0, False
+        self.t0 = self.last = time.time()
+    def update(self, k):
+        self.n += k
+        now = time.time()
+        if now - self.last > 0.5 or self.n >= self.total:  # redraw at most twice a second
+            self.last, self.shown = now, True
+            rate = self.n / max(now - self.t0, 1e-9)
+            print(f"\r{self.what}: {100 * self.n / max(self.total, 1):3.0f}% {self.n / 1e6:.1f}M/{self.total / 1e6:.1f}M "
+                  f"{self.unit} {rate / 1e6:.1f}M {self.unit}/s", end="", file=sys.stderr, flush=True)
+    def close(self):
+        if self.shown:
+            print(file=sys.stderr)
+
+def to_uint16(ids):
+    a = np.asarray(ids, dtype=np.int64)
+    if a.size and a.max() > 65535:
+        raise SystemExit(f"error: token id {a.max()} does not fit in the uint16 .bin format")
+    return a.astype(np.uint16)
+
+@contextlib.contextmanager
+def staged_bins(out_dir):
+    """Yields open train/val files; they get their final names only if the block succeeds."""
+    # the long work goes to .tmp files, so a crash or error leaves any earlier complete set untouched
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmps = [out_dir / "train.bin.tmp", out_dir / "val.bin.tmp"]
+    try:
+        with open(tmps[0], "wb") as train_f, open(tmps[1], "wb") as val_f:
+            yield train_f, val_f
+            for f in (train_f, val_f):
+                f.flush()
+                os.fsync(f.fileno())
+        (out_dir / "meta.json").unlink(missing_ok=True)  # from here the old set is no longer complete
+        for tmp in tmps:
+            os.replace(tmp, tmp.with_suffix(""))
+    finally:
+        for tmp in tmps:
+            tmp.unlink(missing_ok=True)
+
+def write_meta(out_dir, meta):
+    tmp = out_dir / "meta.json.tmp"
+    with open(tmp, "w") as f:
+        json.dump(meta, f, indent=2, ensure_ascii=False)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, out_dir / "meta.json")
+    print(f"{meta['name']}: {meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens, "
+          f"vocab {meta['vocab_size']} ({meta['tokenizer']}) -> {out_dir}")
+
+def is_prepared(out_dir, recipe):
+    """True if out_dir holds a complete set made with the same recipe (source hash, tokenizer, split)."""
+    try:
+        meta = json.loads((out_dir / "meta.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if any(meta.get(k) != v for k, v in recipe.items()):
+        return False
+    bins = [(out_dir / f"{split}.bin", meta.get(f"{split}_tokens", -1)) for split in ("train", "val")]
+    return all(p.is_file() and p.stat().st_size == 2 * n for p, n in bins)
+
+# GPT-2's regex never joins "x\ny" across that newline, so cutting right after it tokenizes exactly
+# like the whole text would; a cut anywhere else could change the tokens at the seam
+SAFE_CUT = re.compile(r"\S\n(?=\S)")
+
+def text_chunks(text, size=1 << 20):
+    start = 0
+    while start < len(text):
+        m = SAFE_CUT.search(text, start + size)
+        end = m.end() if m else len(text)
+        yield text[start:end]
+        start = end
+
+def prepare_text(path, out_dir, name, tokenizer, val_fraction=0.1, expected_sha256=None):
+    path, out_dir = Path(path), Path(out_dir)
+    if not path.is_file():
+        raise SystemExit(f"error: input file {path} not found")
+    if not 0 < val_fraction < 1:
+        raise SystemExit(f"error: --val_fraction must be between 0 and 1, got {val_fraction}")
+    data = path.read_bytes()
+    sha = hashlib.sha256(data).hexdigest()
+    if expected_sha256 and sha != expected_sha256:
+        raise SystemExit(f"error: {path} has sha256 {sha}, not the expected {expected_sha256}: restore it from git.")
+    recipe = {"source_sha256": sha, "tokenizer": tokenizer, "val_fraction": val_fraction}
+    if is_prepared(out_dir, recipe):
+        print(f"already prepared: {out_dir}")
+        return
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SystemExit(f"error: {path} is not UTF-8 text ({e})") from None
+    meta = {"name": name, "tokenizer": tokenizer, "vocab_size": 50257}
+    if tokenizer == "char":
+        meta["chars"] = "".join(sorted(set(text)))
+        meta["vocab_size"] = len(meta["chars"])
+        if meta["vocab_size"] > 65536:
+            raise SystemExit(f"error: {path} has {meta['vocab_size']:,} distinct characters, more than uint16 ids can hold: use --tokenizer gpt2")
+    encode, _ = get_tokenizer(meta)
+    n = int(len(text) * (1 - val_fraction))  # last val_fraction of the characters is val, as in nanoGPT
+    progress, counts = Progress("tokenizing", len(text), "chars"), []
+    with staged_bins(out_dir) as files:
+        for f, part in zip(files, (text[:n], text[n:])):
+            counts.append(0)
+            for chunk in text_chunks(part):
+                ids = to_uint16(encode(chunk))
+                f.write(ids.tobytes())
+                counts[-1] += len(ids)
+                progress.update(len(chunk))
+    progress.close()
+    full, root = path.resolve(), ROOT.resolve()  # record repo files by their portable, repo-relative path
+    source = full.relative_to(root) if full.is_relative_to(root) else full
+    meta.update(train_tokens=counts[0], val_tokens=counts[1], source=str(source), source_sha256=sha,
+                val_fraction=val_fraction, dtype="uint16")
+    write_meta(out_dir, meta)
+
+# -----------------------------------------------------------------------------
+# FineWeb-Edu
+
+class DownloadError(Exception):
+    pass
+
+def encode_document(doc):
+    # runs in the worker processes; the doc's hash lets the parent fingerprint the source it used
+    return to_uint16([EOT] + gpt2_encoding().encode_ordinary(doc)), hashlib.sha256(doc.encode()).digest()
+
+def write_documents(docs, out_dir, num_tokens, val_tokens, name="fineweb_edu", source="documents", processes=None):
+    """Tokenize docs in parallel, <|endoftext|> before each: the first val_tokens go to val.bin,
+    the next ones to train.bin, until num_tokens in all (or the docs run out)."""
+    out_dir = Path(out_dir)
+    if not 0 < val_tokens < num_tokens:
+        raise SystemExit(f"error: need 0 < val_tokens < num_tokens, got {val_tokens} and {num_tokens}")
+    fingerprint, written = hashlib.sha256(), 0
+    progress = Progress("tokenizing", num_tokens, "tokens")
+    with staged_bins(out_dir) as (train_f, val_f), mp.Pool(processes) as pool:
+        for ids, doc_sha in pool.imap(encode_document, docs, chunksize=16):
+            ids = ids[:num_tokens - written]
+            fingerprint.update(doc_sha)
+            n_val = min(len(ids), max(val_tokens - written, 0))
+            val_f.write(ids[:n_val].tobytes())
+            train_f.write(ids[n_val:].tobytes())
+            written += len(ids)
+            progress.update(len(ids))
+            if written >= num_tokens:
+                break  # leaving the Pool block terminates the workers
+        progress.close()
+        if written <= val_tokens:
+            raise SystemExit(f"error: the documents hold only {written:,} tokens, not more than val_tokens={val_tokens:,}")
+    if written < num_tokens:
+        print(f"note: the documents ran out at {written:,} of the {num_tokens:,} tokens asked for")
+    write_meta(out_dir, {"name": name, "tokenizer": "gpt2", "vocab_size": 50257, "train_tokens": written - val_tokens,
+                         "val_tokens": val_tokens, "num_tokens": num_tokens, "source": source,
+                         "source_sha256": fingerprint.hexdigest(), "dtype": "uint16"})
+
+def download_error(e):
+    msg = (str(e).splitlines() or [""])[0]
+    return (f"error: could not download FineWeb-Edu (no network?): {type(e).__name__}: {msg}; "
+            "on an offline machine use `python prepare_data.py text --input FILE --name NAME`")
+
+def fineweb_docs():
+    try:
+        import datasets
+    except ImportError:
+        raise SystemExit("error: FineWeb-Edu needs the optional `datasets` package: pip install datasets") from None
+    def texts():
+        # runs lazily in the pool's feeder thread (after the workers forked): errors come back
+        # through the pool, so they travel as a plain, picklable DownloadError
+        try:
+            for row in datasets.load_dataset("HuggingFaceFW/fineweb-edu", name="sample-10BT", split="train", streaming=True):
+                yield row["text"]
+        except Exception as e:
+            raise DownloadError(download_error(e)) from None
+    return texts()
+
+def prepare_fineweb(out_dir, name, num_tokens, val_tokens=None, processes=None):
+    out_dir, val_tokens = Path(out_dir), val_tokens or max(1, num_tokens // 200)
+    if is_prepared(out_dir, {"source": FINEWEB, "num_tokens": num_tokens, "val_tokens": val_tokens}):
+        print(f"already prepared: {out_dir}")
+        return
+    try:
+        write_documents(fineweb_docs(), out_dir, num_tokens, val_tokens, name, FINEWEB, processes)
+    except DownloadError as e:
+        raise SystemExit(str(e)) from None
+
+# -----------------------------------------------------------------------------
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    for cmd, what in [("shakespeare_char", "Tiny Shakespeare, one token per character"),
+                      ("shakespeare", "Tiny Shakespeare, GPT-2 BPE"), ("text", "a local UTF-8 text file")]:
+        s = sub.add_parser(cmd, help=what)
+        s.add_argument("--out_dir", help="default: data/<name>")
+        s.add_argument("--val_fraction", type=float, default=0.1, help="last part of the text kept for val")
+    sub.choices["text"].add_argument("--input", required=True)
+    sub.choices["text"].add_argument("--name", required=True)
+    sub.choices["text"].add_argument("--tokenizer", choices=["gpt2", "char"], default="gpt2")
+    f = sub.add_parser("fineweb_edu", help="a FineWeb-Edu sample (needs `datasets` and network)")
+    f.add_argument("--num_tokens", type=lambda s: int(float(s)), default=10**9, help="train + val tokens")
+    f.add_argument("--val_tokens", type=lambda s: int(float(s)), help="first tokens kept for val (default 0.5%%)")
+    f.add_argument("--name", default="fineweb_edu")
+    f.add_argument("--out_dir", help="default: data/<name>")
+    f.add_argument("--processes", type=int, help="tokenizer processes (default: all cores)")
+    args = p.parse_args(argv)
+
+    name = getattr(args, "name", None) or args.command
+    out_dir = Path(args.out_dir) if args.out_dir else ROOT / "data" / name
+    if args.command == "fineweb_edu":
+        prepare_fineweb(out_dir, name, args.num_tokens, args.val_tokens, args.processes)
+    elif args.command == "text":
+        prepare_text(args.input, out_dir, name, args.tokenizer, args.val_fraction)
+    else:
+        tokenizer = "char" if args.command == "shakespeare_char" else "gpt2"
+        prepare_text(SHAKESPEARE, out_dir, name, tokenizer, args.val_fraction, SHAKESPEARE_SHA256)
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,281 @@
+import hashlib
+import json
+import random
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import prepare_data
+
+EOT = 50256
+TEXT = "First Citizen:\nBefore we proceed, hear me speak.\n\nAll:\nSpeak, speak. Ünïcödé — 你好 🙂\r\n\ttabs\n" * 20
+
+
+def error_of(excinfo):
+    """The message a SystemExit prints: one line starting with 'error:'."""
+    msg = str(excinfo.value.code)
+    assert msg.startswith("error:") and "\n" not in msg, msg
+    return msg
+
+
+def read_set(d):
+    meta = json.loads((d / "meta.json").read_text())
+    train, val = (np.fromfile(d / f"{s}.bin", dtype=np.uint16) for s in ("train", "val"))
+    return meta, train, val
+
+
+def prepare(tmp_path, text, tokenizer="char", *extra):
+    src = tmp_path / "input.txt"
+    src.write_text(text, encoding="utf-8")
+    out = tmp_path / "out"
+    prepare_data.main(["text", "--input", str(src), "--name", "tiny", "--tokenizer", tokenizer, "--out_dir", str(out), *extra])
+    return out
+
+
+def snapshot(d):
+    return {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(d.iterdir())}
+
+
+# --- tokenizers ----------------------------------------------------------------
+
+def test_gpt2_matches_gpt2():
+    assert prepare_data.gpt2_encoding().encode_ordinary("Hello world") == [15496, 995]
+    encode, _ = prepare_data.get_tokenizer({"tokenizer": "gpt2"})
+    assert encode("Hello world") == [15496, 995]
+    assert prepare_data.gpt2_encoding().n_vocab == 50257
+
+
+@pytest.mark.parametrize("tokenizer", ["char", "gpt2"])
+def test_roundtrip(tokenizer):
+    meta = {"tokenizer": tokenizer, "chars": "".join(sorted(set(TEXT)))}
+    encode, decode = prepare_data.get_tokenizer(meta)
+    ids = encode(TEXT)
+    assert decode(ids) == TEXT
+    assert len(ids) < len(TEXT) if tokenizer == "gpt2" else len(ids) == len(TEXT)
+
+
+def test_char_encode_unknown_character():
+    encode, _ = prepare_data.get_tokenizer({"tokenizer": "char", "chars": "ab"})
+    with pytest.raises(ValueError, match="'z'"):
+        encode("abz")
+
+
+def test_gpt2_ranks_wrong_hash_or_missing(tmp_path):
+    bad = tmp_path / "gpt2.tiktoken"
+    data = bytearray(prepare_data.GPT2_RANKS.read_bytes())
+    data[100] ^= 1
+    bad.write_bytes(bytes(data))
+    with pytest.raises(SystemExit) as e:
+        prepare_data.gpt2_encoding(bad)
+    assert str(bad) in error_of(e) and "sha256" in error_of(e)
+    with pytest.raises(SystemExit) as e:
+        prepare_data.gpt2_encoding(tmp_path / "gone.tiktoken")
+    assert "gone.tiktoken" in error_of(e) and "missing" in error_of(e)
+
+
+def test_load_meta_missing_names_the_command(tmp_path):
+    with pytest.raises(SystemExit) as e:
+        prepare_data.load_meta(tmp_path / "shakespeare_char")
+    assert "python prepare_data.py shakespeare_char" in error_of(e)
+    with pytest.raises(SystemExit) as e:
+        prepare_data.load_meta(tmp_path / "mybook")
+    assert "text --input FILE --name mybook" in error_of(e)
+
+
+def test_chunked_gpt2_encoding_equals_whole():
+    # Shakespeare plus random runs of newlines and spaces, where a careless cut would change the tokens
+    rng = random.Random(0)
+    noise = "".join(rng.choice(["word", "x.", " ", "  ", "\n", "\n\n", "\t", "Ü"]) for _ in range(40_000))
+    text = prepare_data.SHAKESPEARE.read_text()[:200_000] + noise
+    chunks = list(prepare_data.text_chunks(text, size=5_000))
+    assert len(chunks) > 50 and "".join(chunks) == text
+    enc = prepare_data.gpt2_encoding()
+    assert [t for c in chunks for t in enc.encode_ordinary(c)] == enc.encode_ordinary(text)
+
+
+def test_uint16_overflow_is_an_error(tmp_path):
+    with pytest.raises(SystemExit) as e:
+        prepare_data.to_uint16([1, 65536])
+    assert "uint16" in error_of(e)
+    huge = "".join(chr(c) for c in range(0x10000, 0x10000 + 70_000))  # 70k distinct characters
+    with pytest.raises(SystemExit) as e:
+        prepare(tmp_path, huge, "char")
+    assert "uint16" in error_of(e)
+    assert not (tmp_path / "out" / "train.bin").exists()
+
+
+# --- text sub-command ----------------------------------------------------------
+
+@pytest.mark.parametrize("tokenizer", ["char", "gpt2"])
+def test_text_bins_decode_to_train_and_val_text(tmp_path, tokenizer):
+    out = prepare(tmp_path, TEXT, tokenizer)
+    meta, train, val = read_set(out)
+    _, decode = prepare_data.get_tokenizer(meta)
+    n = int(len(TEXT) * 0.9)
+    assert decode(train.tolist()) == TEXT[:n] and decode(val.tolist()) == TEXT[n:]
+    assert (meta["train_tokens"], meta["val_tokens"]) == (len(train), len(val))
+    assert meta["vocab_size"] == (len(set(TEXT)) if tokenizer == "char" else 50257)
+    assert meta["tokenizer"] == tokenizer and meta["dtype"] == "uint16" and meta["name"] == "tiny"
+    assert len(meta["source_sha256"]) == 64
+    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train.bin", "val.bin"]
+
+
+def test_rerun_is_idempotent_and_source_change_rebuilds(tmp_path, capsys):
+    out = prepare(tmp_path, TEXT)
+    before = snapshot(out)
+    capsys.readouterr()
+    prepare(tmp_path, TEXT)
+    assert "already prepared" in capsys.readouterr().out
+    assert snapshot(out) == before
+    prepare(tmp_path, TEXT + "one more line\n")
+    assert "already prepared" not in capsys.readouterr().out
+    meta, train, val = read_set(out)
+    assert meta["train_tokens"] + meta["val_tokens"] == len(TEXT) + len("one more line\n") == len(train) + len(val)
+    prepare(tmp_path, TEXT + "one more line\n", "char", "--val_fraction", "0.2")  # new split: rebuild too
+    total = len(TEXT) + len("one more line\n")
+    assert read_set(out)[0]["val_tokens"] == total - int(total * 0.8) == len(read_set(out)[2])
+    (out / "val.bin").write_bytes(b"")  # a damaged set is rebuilt, not trusted
+    prepare(tmp_path, TEXT + "one more line\n", "char", "--val_fraction", "0.2")
+    assert "already prepared" not in capsys.readouterr().out and (out / "val.bin").stat().st_size > 0
+
+
+def test_failure_midway_leaves_no_partial_files(tmp_path, monkeypatch):
+    out = prepare(tmp_path, TEXT)
+    before = snapshot(out)
+    real = prepare_data.get_tokenizer
+
+    def failing_tokenizer(meta):
+        encode, decode = real(meta)
+        calls = []
+
+        def encode_then_fail(s):
+            calls.append(s)
+            if len(calls) == 2:  # train.bin.tmp is complete, val fails
+                raise RuntimeError("boom")
+            return encode(s)
+        return encode_then_fail, decode
+
+    monkeypatch.setattr(prepare_data, "get_tokenizer", failing_tokenizer)
+    with pytest.raises(RuntimeError, match="boom"):
+        prepare(tmp_path, TEXT + "changed\n")
+    assert snapshot(out) == before  # the earlier complete set is intact, no .tmp left behind
+    fresh = tmp_path / "fresh"
+    with pytest.raises(RuntimeError, match="boom"):
+        prepare_data.prepare_text(tmp_path / "input.txt", fresh, "fresh", "char")
+    assert list(fresh.iterdir()) == []
+
+
+def test_crash_before_meta_never_pairs_old_meta_with_new_bins(tmp_path, monkeypatch):
+    out = prepare(tmp_path, TEXT)
+    other = TEXT.replace("speak", "SPEAK")  # same length, so same .bin sizes
+
+    def crash(*args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(prepare_data, "write_meta", crash)  # dies after the new bins got their names
+    with pytest.raises(KeyboardInterrupt):
+        prepare(tmp_path, other)
+    monkeypatch.undo()
+    assert not (out / "meta.json").exists()  # the set is marked incomplete
+    prepare(tmp_path, TEXT)  # so this rebuilds instead of trusting sizes
+    meta, train, val = read_set(out)
+    assert prepare_data.get_tokenizer(meta)[1](train.tolist() + val.tolist()) == TEXT
+
+
+def test_shakespeare_char(tmp_path):
+    prepare_data.main(["shakespeare_char", "--out_dir", str(tmp_path / "sc")])
+    meta, train, val = read_set(tmp_path / "sc")
+    assert meta["vocab_size"] == 65 and len(meta["chars"]) == 65
+    assert (len(train), len(val)) == (1_003_854, 111_540)  # nanoGPT's numbers
+    assert meta["source_sha256"] == prepare_data.SHAKESPEARE_SHA256
+
+
+def test_shakespeare_wrong_hash(tmp_path, monkeypatch):
+    bad = tmp_path / "tinyshakespeare.txt"
+    bad.write_text(prepare_data.SHAKESPEARE.read_text().replace("Citizen", "Citizan", 1))
+    monkeypatch.setattr(prepare_data, "SHAKESPEARE", bad)
+    with pytest.raises(SystemExit) as e:
+        prepare_data.main(["shakespeare_char", "--out_dir", str(tmp_path / "sc")])
+    assert "sha256" in error_of(e) and str(bad) in error_of(e)
+    assert not (tmp_path / "sc").exists()
+
+
+# --- FineWeb-Edu -----------------------------------------------------------------
+
+DOCS = ["doc one", "the second document, a bit longer", "doc three\nwith a newline", "four"] * 5
+
+
+def stream_of(docs):
+    enc = prepare_data.gpt2_encoding()
+    return [t for d in docs for t in [EOT] + enc.encode_ordinary(d)]
+
+
+def test_write_documents_eot_budget_and_split(tmp_path):
+    stream = stream_of(DOCS)
+    prepare_data.write_documents(iter(DOCS), tmp_path / "all", num_tokens=10**6, val_tokens=9, processes=2)
+    meta, train, val = read_set(tmp_path / "all")
+    assert val.tolist() + train.tolist() == stream  # EOT before each document
+    assert len(val) == meta["val_tokens"] == 9 and meta["train_tokens"] == len(stream) - 9
+    fingerprint = hashlib.sha256(b"".join(hashlib.sha256(d.encode()).digest() for d in DOCS))
+    assert meta["source_sha256"] == fingerprint.hexdigest()  # which documents were used, in order
+    budget = len(stream) // 2 + 1
+    prepare_data.write_documents(DOCS, tmp_path / "half", num_tokens=budget, val_tokens=5, processes=2)
+    meta, train, val = read_set(tmp_path / "half")
+    assert val.tolist() + train.tolist() == stream[:budget]
+    assert (len(val), len(train)) == (5, budget - 5) == (meta["val_tokens"], meta["train_tokens"])
+    assert meta["vocab_size"] == 50257 and meta["tokenizer"] == "gpt2"
+
+
+def test_write_documents_too_few_tokens(tmp_path):
+    with pytest.raises(SystemExit) as e:
+        prepare_data.write_documents(["tiny"], tmp_path / "o", num_tokens=100, val_tokens=50, processes=1)
+    assert "val_tokens" in error_of(e)
+    assert list((tmp_path / "o").iterdir()) == []
+
+
+def test_fineweb_without_datasets(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # makes `import datasets` fail
+    with pytest.raises(SystemExit) as e:
+        prepare_data.main(["fineweb_edu", "--num_tokens", "1000", "--out_dir", str(tmp_path / "fw")])
+    assert "pip install datasets" in error_of(e)
+    assert not (tmp_path / "fw").exists()
+
+
+def test_fineweb_error_is_one_line_without_traceback(tmp_path):
+    code = ("import sys; sys.modules['datasets'] = None; import prepare_data; "
+            f"prepare_data.main(['fineweb_edu', '--num_tokens', '1000', '--out_dir', {str(tmp_path / 'fw')!r}])")
+    r = subprocess.run([sys.executable, "-c", code], cwd=Path(prepare_data.__file__).parent, capture_output=True, text=True)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1 and "pip install datasets" in r.stderr
+
+
+def fake_datasets(load_dataset):
+    return types.SimpleNamespace(load_dataset=load_dataset)
+
+
+def test_fineweb_download_failure(tmp_path, monkeypatch):
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach huggingface.co\nmore detail")
+    monkeypatch.setitem(sys.modules, "datasets", fake_datasets(offline))
+    with pytest.raises(SystemExit) as e:
+        prepare_data.main(["fineweb_edu", "--num_tokens", "1000", "--processes", "1", "--out_dir", str(tmp_path / "fw")])
+    assert "could not download FineWeb-Edu" in error_of(e) and "prepare_data.py text" in error_of(e)
+    assert list((tmp_path / "fw").iterdir()) == []
+
+
+def test_fineweb_with_a_local_stand_in(tmp_path, monkeypatch, capsys):
+    def load_dataset(path, name, split, streaming):
+        assert (path, name, streaming) == ("HuggingFaceFW/fineweb-edu", "sample-10BT", True)
+        return iter({"text": d} for d in DOCS)
+    monkeypatch.setitem(sys.modules, "datasets", fake_datasets(load_dataset))
+    args = ["fineweb_edu", "--num_tokens", "60", "--val_tokens", "10", "--processes", "2", "--out_dir", str(tmp_path / "fw")]
+    prepare_data.main(args)
+    meta, train, val = read_set(tmp_path / "fw")
+    assert val.tolist() + train.tolist() == stream_of(DOCS)[:60] and len(val) == 10
+    monkeypatch.setitem(sys.modules, "datasets", None)  # a complete set needs no download
+    capsys.readouterr()
+    prepare_data.main(args)
+    assert "already prepared" in capsys.readouterr().out
