@@ -158,8 +158,12 @@ if init_from == "resume":
 elif init_from != "scratch":
     sys.exit(f"error: init_from must be 'scratch' or 'resume', not {init_from!r}")
 
+try:
+    gpt_config = GPTConfig(**model_args)
+except ValueError as e:   # an unknown or contradictory scale-vector flag
+    sys.exit(f"error: {e}")
 torch.manual_seed(seed)
-model = GPT(GPTConfig(**model_args)).to(device)
+model = GPT(gpt_config).to(device)
 if ckpt:
     model.load_state_dict(ckpt["model"])
 raw_model = model
