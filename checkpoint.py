@@ -40,6 +40,8 @@ def _atomic_write(path, write):
 def save(out_dir, state, iter_num, keep=3):
     """Write state as out_dir/ckpt_<iter>.pt, point `latest` at it, keep the newest `keep`. Returns the path."""
     os.makedirs(out_dir, exist_ok=True)
+    for stale in glob.glob(os.path.join(out_dir, "*.tmp*")):   # left by a process killed while saving
+        os.remove(stale)
     path = os.path.join(out_dir, f"ckpt_{iter_num:07d}.pt")
     _atomic_write(path, lambda f: torch.save(state, f))
     _atomic_write(os.path.join(out_dir, "latest"), lambda f: f.write(os.path.basename(path).encode()))

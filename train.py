@@ -103,8 +103,11 @@ meta = load_meta(data_dir)
 
 
 def split_tokens(split):
+    path = os.path.join(data_dir, f"{split}.bin")
+    if not os.path.exists(path):
+        sys.exit(f"error: {path} is missing: prepare the dataset again (python prepare_data.py ...)")
     # a new memmap each time: a long-lived one grows the process's memory (nanoGPT's note)
-    data = np.memmap(os.path.join(data_dir, f"{split}.bin"), dtype=np.uint16, mode="r")
+    data = np.memmap(path, dtype=np.uint16, mode="r")
     if len(data) <= block_size + 1:
         sys.exit(f"error: {data_dir}/{split}.bin has {len(data)} tokens, not more than block_size={block_size}: "
                  "lower --block_size or prepare more text")

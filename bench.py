@@ -1,0 +1,178 @@
+"""
+Speed and memory of a training step, for a config of train.py; side by side for several.
+
+    python bench.py config/shakespeare_char.py                      # ms/step, tokens/s, MFU, peak memory
+    python bench.py config/shakespeare_char.py --dtype=bfloat16 --compile=True
+    python bench.py config/baseline_124m.py --batch_size=1 --device=cpu --compare=config/unified_124m.py,config/noscale_124m.py
+    python bench.py config/shakespeare_char.py --compare=gpt2       # against a GPT-2 (nanoGPT) block of the same sizes
+
+A step is forward, backward, gradient clipping and an AdamW step on random tokens (no data
+needed). With --compare, every configuration runs in its own fresh process (so peak memory
+is its own), `rounds` times in alternation, and the table gives medians and their ratios to
+the first configuration: these machines are noisy, so compare within one run.
+Peak memory is the CUDA allocator's peak, or on a CPU the process's peak resident size
+(which includes PyTorch itself: compare differences, not ratios, for small models).
+"""
+import ast
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import fields
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from configurator import ConfigError, configure
+from model import GPT, GPTConfig, peak_flops
+
+
+def train_defaults():
+    """train.py's config keys and defaults, read from its source (running it would train), so that
+    any config file of train.py is also a valid config file here."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")) as f:
+        tree = ast.parse(f.read())
+    keys = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                keys[node.targets[0].id] = ast.literal_eval(node.value)
+            except ValueError:
+                pass
+    return keys
+
+
+defaults = {**train_defaults(), **{f.name: f.default for f in fields(GPTConfig)},
+            "steps": 20, "warmup": 5,       # measured steps, and unmeasured ones before them (compile, caches)
+            "compare": "",                  # comma-separated config files (or "gpt2") to run beside the first
+            "rounds": 3,                    # alternations of the compared configurations
+            "arch": "llama",                # "gpt2": a GPT-2 (nanoGPT) model of the same sizes instead of ours
+            "json": False}                  # print one JSON line (what --compare reads from its children)
+
+
+class GPT2Block(nn.Module):
+    """A GPT-2 block as nanoGPT has it (LayerNorm without bias, 4x GELU MLP), a speed reference."""
+
+    def __init__(self, d, n_head):
+        super().__init__()
+        self.n_head, self.ln1, self.ln2 = n_head, nn.LayerNorm(d, bias=False), nn.LayerNorm(d, bias=False)
+        self.qkv, self.proj = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d, bias=False)
+        self.fc, self.down = nn.Linear(d, 4 * d, bias=False), nn.Linear(4 * d, d, bias=False)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, self.n_head, -1).transpose(1, 2) for t in self.qkv(self.ln1(x)).split(C, dim=2))
+        x = x + self.proj(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C))
+        return x + self.down(F.gelu(self.fc(self.ln2(x))))
+
+
+class GPT2(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(c.padded_vocab, c.n_embd), nn.Embedding(c.block_size, c.n_embd)
+        self.blocks = nn.ModuleList(GPT2Block(c.n_embd, c.n_head) for _ in range(c.n_layer))
+        self.ln_f = nn.LayerNorm(c.n_embd, bias=False)
+
+    def forward(self, idx, targets):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.size(1), device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        logits = F.linear(self.ln_f(x), self.wte.weight)
+        return logits, F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+    def flops_per_token(self):
+        n = sum(p.numel() for p in self.parameters()) - self.wpe.weight.numel()
+        return 6 * n + 12 * len(self.blocks) * self.wte.weight.size(1) * self.wpe.weight.size(0)
+
+
+def measure(cfg):
+    """Time `steps` training steps of the configured model; returns a dict of figures."""
+    device = cfg["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = cfg["dtype"] or ("bfloat16" if device.startswith("cuda") else "float32")
+    meta_path = os.path.join("data", cfg["dataset"], "meta.json")
+    vocab = json.load(open(meta_path))["vocab_size"] if os.path.exists(meta_path) else cfg["vocab_size"]
+    gcfg = GPTConfig(**{**{f.name: cfg[f.name] for f in fields(GPTConfig)}, "vocab_size": vocab})
+    torch.manual_seed(0)
+    model = (GPT2(gcfg) if cfg["arch"] == "gpt2" else GPT(gcfg)).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.startswith("cuda"))
+    step_model = torch.compile(model) if cfg["compile"] else model
+    autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
+    B, T = cfg["batch_size"], cfg["block_size"]
+    x, y = (torch.randint(0, vocab, (B, T), device=device) for _ in range(2))
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+    def step():
+        with autocast:
+            _, loss = step_model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    t0 = time.perf_counter()
+    for _ in range(cfg["warmup"]):
+        step()
+    sync()
+    warmup_s, times = time.perf_counter() - t0, []
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    for _ in range(cfg["steps"]):
+        t0 = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - t0)
+    ms = 1000 * statistics.median(times)
+    flops = model.flops_per_token() * B * T
+    peak_mem = torch.cuda.max_memory_allocated() if device.startswith("cuda") else \
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"ms": ms, "tokens_per_s": B * T / ms * 1000, "warmup_s": warmup_s, "peak_mem_mb": peak_mem / 2**20,
+            "mfu": flops / (ms / 1000) / peak_flops(torch.device(device), torch.bfloat16 if dtype == "bfloat16" else torch.float32),
+            "params_m": sum(p.numel() for p in model.parameters()) / 1e6, "device": device, "dtype": dtype}
+
+
+def compare(argv, cfg):
+    """Run the base configuration and each compared one in fresh processes, alternating, `rounds` times."""
+    base_files = [a for a in argv if not a.startswith("--")]
+    overrides = [a for a in argv if a.startswith("--") and not a.startswith(("--compare=", "--json="))]
+    runs = {"base": [*base_files, *overrides]}
+    for item in cfg["compare"].split(","):
+        runs[item] = [*base_files, *overrides] + (["--arch=gpt2"] if item == "gpt2" else [item])
+    results = {name: [] for name in runs}
+    for r in range(cfg["rounds"]):
+        for name, args in runs.items():
+            p = subprocess.run([sys.executable, __file__, *args, "--json=True"], capture_output=True, text=True)
+            if p.returncode != 0:
+                sys.exit(f"error: {name} failed:\n{p.stderr.strip()[-2000:]}")
+            results[name].append(json.loads(p.stdout.strip().splitlines()[-1]))
+            print(f"round {r + 1}/{cfg['rounds']}: {name}: {results[name][-1]['ms']:.1f} ms/step", file=sys.stderr)
+    base_ms = statistics.median(x["ms"] for x in results["base"])
+    base_mem = statistics.median(x["peak_mem_mb"] for x in results["base"])
+    print(f"| config | params (M) | ms/step | x base | tokens/s | MFU | peak mem (MB) | x base |")
+    print(f"|---|---|---|---|---|---|---|---|")
+    for name, xs in results.items():
+        ms, mem = statistics.median(x["ms"] for x in xs), statistics.median(x["peak_mem_mb"] for x in xs)
+        print(f"| {name} | {xs[0]['params_m']:.2f} | {ms:.1f} | {ms / base_ms:.3f} | {statistics.median(x['tokens_per_s'] for x in xs):,.0f} "
+              f"| {100 * statistics.median(x['mfu'] for x in xs):.1f}% | {mem:,.0f} | {mem / base_mem:.3f} |")
+
+
+if __name__ == "__main__":
+    argv = sys.argv[1:]
+    try:
+        cfg = configure(defaults, argv)
+    except ConfigError as e:
+        sys.exit(f"error: {e}")
+    if cfg["compare"]:
+        compare(argv, cfg)
+    else:
+        r = measure(cfg)
+        if cfg["json"]:
+            print(json.dumps(r))
+        else:
+            print(f"{r['params_m']:.2f}M params on {r['device']} in {r['dtype']}: {r['ms']:.1f} ms/step (median of "
+                  f"{cfg['steps']}), {r['tokens_per_s']:,.0f} tokens/s, MFU {100 * r['mfu']:.1f}%, "
+                  f"peak memory {r['peak_mem_mb']:,.0f} MB; warmup {r['warmup_s']:.1f} s")
