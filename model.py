@@ -11,6 +11,7 @@ multiplies it: g * Norm(x). Every variant is made of three pieces:
   ScaledLinear  a linear map fed by Norm(x): y = u * W(v * Norm(x)), computed as
                 (W * u v^T) Norm(x) once per step instead of per token;
   OutputNorm    g * Norm(x) where no linear map follows (qk_norm, post_norm).
+An optional Mixture-of-Experts FFN (MoE) is built from the same pieces.
 """
 import copy
 import math
@@ -41,6 +42,16 @@ class GPTConfig:
     sv_reparam: str = "none"     # "none" | "or" | "er", paper 3.3
     qk_norm: bool = False        # g_q * Norm(q), g_k * Norm(k) per head (Output-Norm)
     post_norm: bool = False      # x + g_post * Norm(branch) (Output-Norm)
+    # Mixture-of-Experts FFN in place of the dense SwiGLU (class MoE); n_experts=0: dense
+    n_experts: int = 0           # routed experts per MoE layer
+    n_experts_active: int = 2    # top-k routed experts per token
+    n_shared_experts: int = 0    # experts every token goes through
+    moe_hidden: int = 0          # each expert's SwiGLU width; 0: hidden / (k + shared), rounded up to 32 (dense's active size)
+    moe_dense_layers: int = 0    # the first N layers keep the dense SwiGLU (1: "all but the first")
+    moe_router: str = "softmax"  # "softmax" | "sigmoid" scores; k > 1 gates are renormalized to sum to 1
+    moe_balance: str = "bias"    # "bias": DeepSeek-V3's expert bias (GPT.update_expert_bias) | "aux": Switch's loss
+    moe_bias_rate: float = 1e-3  # expert-bias step per update
+    moe_aux_weight: float = 0.01  # weight of the auxiliary loss (moe_balance="aux")
 
     def __post_init__(self):
         def check(ok, msg):
@@ -55,10 +66,25 @@ class GPTConfig:
               "qk_norm=True with sv_placement='dnp' is redundant: DNP already puts a norm and a vector on q and k")
         check(self.n_embd % self.n_head == 0 and (self.n_embd // self.n_head) % 2 == 0,
               "n_embd must be a multiple of n_head with an even head size (RoPE rotates pairs)")
+        check(self.n_experts >= 0, f"n_experts must be >= 0 (0: dense), not {self.n_experts}")
+        if self.n_experts:
+            check(1 <= self.n_experts_active <= self.n_experts,
+                  f"n_experts_active must be between 1 and n_experts={self.n_experts}, not {self.n_experts_active}")
+            check(self.n_shared_experts >= 0, f"n_shared_experts must be >= 0, not {self.n_shared_experts}")
+            check(self.moe_hidden >= 0, f"moe_hidden must be >= 0 (0: automatic), not {self.moe_hidden}")
+            check(0 <= self.moe_dense_layers < self.n_layer,
+                  f"moe_dense_layers must be between 0 and n_layer-1={self.n_layer - 1} (some layer must be MoE), not {self.moe_dense_layers}")
+            check(self.moe_router in ("softmax", "sigmoid"), f"moe_router must be 'softmax' or 'sigmoid', not {self.moe_router!r}")
+            check(self.moe_balance in ("bias", "aux"), f"moe_balance must be 'bias' or 'aux', not {self.moe_balance!r}")
+            check(self.moe_bias_rate >= 0 and self.moe_aux_weight >= 0, "moe_bias_rate and moe_aux_weight must be >= 0")
 
     @property
     def hidden(self):
         return self.mlp_hidden or 32 * math.ceil(8 * self.n_embd / 3 / 32)
+
+    @property
+    def expert_hidden(self):
+        return self.moe_hidden or 32 * math.ceil(self.hidden / (self.n_experts_active + self.n_shared_experts) / 32)
 
     @property
     def padded_vocab(self):
@@ -125,6 +151,9 @@ class ScaledLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(*lead, d_out, d_in))   # initialized by GPT._init_weights
         self.n_blocks, self.eps = max(n_expert, 1) * n_split, cfg.norm_eps
         names = names if n_split > 1 else None
+        if n_expert and names:   # one row per expert and branch: "3.gate"
+            names = tuple(f"{e}.{n}" for e in range(n_expert) for n in names)
+        self.n_expert = n_expert
         sv = cfg.scale_vectors
         rows_v = self.n_blocks if cfg.sv_hetero else 1   # paper 3.1, HG: a vector per branch
         self.v = ScaleVector(rows_v, d_in, "input", cfg.sv_reparam, names) if sv and own_v else None
@@ -149,12 +178,15 @@ class ScaledLinear(nn.Module):
         return Wb.view_as(W)
 
     def forward(self, z, v=None):
-        y = F.linear(z, self.effective_weight(v))
-        if self.placement == "dnp":   # paper 3.2, DNP: g_a * Norm(W(g_b * Norm(x)))
-            y = y.unflatten(-1, (-1, self.group))
-            y = norm(y, self.eps) * self.u().view(-1, self.group)
-            y = y.flatten(-2)
-        return y
+        return self.dnp(F.linear(z, self.effective_weight(v)))
+
+    def dnp(self, y, expert=None):
+        """Paper 3.2, DNP: g_a * Norm(W(g_b * Norm(x))) per group of outputs; nothing otherwise.
+        MoE: y comes from `expert` (an index, or one per row of y), whose rows of g_a apply."""
+        if self.placement != "dnp":
+            return y
+        u = self.u().view(self.n_expert or 1, -1, self.group)[0 if expert is None else expert]
+        return (norm(y.unflatten(-1, (-1, self.group)), self.eps) * u).flatten(-2)
 
 
 class OutputNorm(nn.Module):
@@ -220,12 +252,82 @@ class SwiGLU(nn.Module):
         return self.down(F.silu(gate) * up)
 
 
-class Block(nn.Module):
+class MoE(nn.Module):
+    """Mixture-of-Experts FFN: each token goes through the top-k of E routed SwiGLU experts, weighted by
+    gates renormalized to sum to 1 (k > 1), plus the shared experts; no token is dropped. Router in fp32.
+    Balance: DeepSeek-V3's expert bias (it changes which experts are chosen, not the gates; updated by
+    GPT.update_expert_bias) or the Switch Transformer's auxiliary loss (self.aux_loss, added by GPT).
+    Scale vectors: one Input-Norm vector g_ffn shared by router and experts; under HG the router and
+    every expert's gate and up own theirs (design page); DP and DNP apply per expert.
+    The experts' weights are stacked (E, ...) tensors, so an expert that gets no token still takes part
+    in autograd (a zero gradient) and DDP needs no find_unused_parameters."""
+
     def __init__(self, cfg):
+        super().__init__()
+        d, E, h, hg = cfg.n_embd, cfg.n_experts, cfg.expert_hidden, cfg.sv_hetero
+        self.E, self.k, self.router_fn, self.balance = E, cfg.n_experts_active, cfg.moe_router, cfg.moe_balance
+        self.v = ScaleVector(1, d, "input", cfg.sv_reparam) if cfg.scale_vectors and not hg else None
+        self.router = ScaledLinear(d, E, cfg, dual=False, own_v=hg)
+        self.experts = ScaledLinear(d, 2 * h, cfg, n_split=2, names=("gate", "up"), n_expert=E, own_v=hg)
+        self.down = nn.Parameter(torch.empty(E, d, h))   # (E, d, h), initialized by GPT._init_weights
+        self.shared = SwiGLU(cfg, cfg.n_shared_experts * h, own_v=hg) if cfg.n_shared_experts else None
+        self.register_buffer("expert_bias", torch.zeros(E))   # checkpointed with the weights
+        # assignments per expert since the last update: not a buffer, DDP would overwrite it with rank 0's
+        self.load, self.last_load, self.aux_loss = None, None, None
+        self.impl = None   # "loop" | "grouped" (torch._grouped_mm); None: grouped on CUDA in bf16, else loop
+
+    def route(self, x):
+        """x (N, d) -> expert ids (N, k), gates (N, k) that sum to 1 (k > 1), scores (N, E); all in fp32."""
+        with torch.autocast(x.device.type, enabled=False):
+            W = self.router.effective_weight(self.v() if self.v is not None else None)
+            logits = F.linear(x.float(), W.float())
+        scores = logits.softmax(-1) if self.router_fn == "softmax" else logits.sigmoid()
+        ids = torch.topk(scores + self.expert_bias.float(), self.k, dim=-1).indices   # the bias only chooses
+        gates = scores.gather(-1, ids)   # top-1 keeps its score (Switch): a gate fixed to 1 would not train the router
+        return ids, gates / gates.sum(-1, keepdim=True) if self.k > 1 else gates, scores
+
+    def forward(self, xn):
+        x = xn.reshape(-1, xn.size(-1))
+        N, k, E = x.size(0), self.k, self.E
+        ids, gates, scores = self.route(x)
+        v = self.v() if self.v is not None else None
+        flat = ids.flatten()                           # N * k assignments, token-major
+        order = flat.argsort(stable=True)              # sorted by expert
+        counts = flat.new_zeros(E).scatter_add_(0, flat, torch.ones_like(flat))   # tokens per expert (bincount, static shape)
+        xs, expert = x[order // k], flat[order]        # rows in expert order, and their experts
+        W = self.experts.effective_weight(v)           # (E, 2h, d): W * (u v^T) per expert
+        dev = x.device.type
+        dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+        impl = self.impl or ("grouped" if x.is_cuda and dt == torch.bfloat16 and hasattr(torch, "_grouped_mm") else "loop")
+        if impl == "grouped":   # one grouped GEMM per projection; the groups are the experts' rows
+            offs = counts.cumsum(0).int()
+            mm = lambda a, w: torch._grouped_mm(a.to(dt), w.to(dt).transpose(-2, -1), offs=offs)
+            gate, up = self.experts.dnp(mm(xs, W), expert).chunk(2, dim=-1)
+            y = mm(F.silu(gate) * up, self.down)
+        else:                   # an expert with no token runs on an empty slice
+            y = []
+            for e, (xe, We, De) in enumerate(zip(xs.split(counts.tolist()), W.unbind(), self.down.unbind())):
+                gate, up = self.experts.dnp(F.linear(xe, We), e).chunk(2, dim=-1)
+                y.append(F.linear(F.silu(gate) * up, De))
+            y = torch.cat(y)
+        y = torch.empty_like(y).index_copy_(0, order, y).view(N, k, -1)   # back to token order
+        out = (y * gates.unsqueeze(-1)).sum(1)
+        if self.shared is not None:
+            out = out + self.shared(x, v)
+        if self.training:
+            self.load = counts.float() if self.load is None else self.load + counts
+            if self.balance == "aux":   # Switch: E * sum_i f_i P_i, f: fraction of assignments, P: mean probability
+                P = (scores / scores.sum(-1, keepdim=True)).mean(0)
+                self.aux_loss = E * (counts.float() / (N * k) * P).sum()
+        return out.view(xn.shape).type_as(xn)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg, moe=False):
         super().__init__()
         self.eps = cfg.norm_eps
         self.attn = Attention(cfg)
-        self.mlp = SwiGLU(cfg, cfg.hidden)
+        self.mlp = MoE(cfg) if moe else SwiGLU(cfg, cfg.hidden)
         self.post_norm = cfg.post_norm
         if cfg.post_norm:   # Gemma's post-attention and post-FFN norms
             self.attn_post, self.mlp_post = OutputNorm(cfg.n_embd, cfg), OutputNorm(cfg.n_embd, cfg)
@@ -243,7 +345,7 @@ class GPT(nn.Module):
         super().__init__()
         self.config = cfg = config
         self.wte = nn.Embedding(cfg.padded_vocab, cfg.n_embd)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(Block(cfg, cfg.n_experts > 0 and i >= cfg.moe_dense_layers) for i in range(cfg.n_layer))
         # logits = W_head(g_final * Norm(x)): g_final is an Input-Norm vector, folded into the head
         self.head = ScaledLinear(cfg.n_embd, cfg.padded_vocab, cfg, dual=False)
         if cfg.tie_embeddings:
@@ -259,6 +361,8 @@ class GPT(nn.Module):
             std = 0.02 / math.sqrt(2 * self.config.n_layer)
         if isinstance(module, (nn.Linear, nn.Embedding, ScaledLinear)):   # nn.Linear: proj and down only
             torch.nn.init.normal_(module.weight, mean=0.0, std=std)
+        if isinstance(module, MoE):   # the experts' down projections write into the residual stream
+            torch.nn.init.normal_(module.down, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
 
     def forward(self, idx, targets=None):
         """Returns (logits over the tokenizer's vocabulary, mean cross-entropy or None)."""
@@ -272,12 +376,14 @@ class GPT(nn.Module):
         loss = None
         if targets is not None:   # padded rows take part in the softmax and learn to stay low
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
+            if self.training and self.config.n_experts and self.config.moe_balance == "aux":
+                loss = loss + self.config.moe_aux_weight * sum(m.aux_loss for m in self.modules() if isinstance(m, MoE))
         return logits[..., : self.config.vocab_size], loss
 
     # ---- scale vectors: classification, telemetry, folding -------------------------------
 
     def param_classes(self):
-        """name -> class for every parameter, each in exactly one class: 'matrix', 'embedding',
+        """name -> class for every parameter, each in exactly one class: 'matrix', 'embedding' (input, untied output),
         'sv_input' (foldable: an Input-Norm vector or DP's u) or 'sv_output' (cannot fold)."""
         classes, seen = {}, set()
         for mname, m in self.named_modules():
@@ -287,7 +393,7 @@ class GPT(nn.Module):
                 seen.add(id(p))
                 if isinstance(m, ScaleVector):
                     cls = "sv_" + m.kind
-                elif m is self.wte:
+                elif m is self.wte or m is self.head:   # the input and output embeddings
                     cls = "embedding"
                 elif p.dim() >= 2:
                     cls = "matrix"
@@ -296,16 +402,20 @@ class GPT(nn.Module):
                 classes[f"{mname}.{pname}" if mname else pname] = cls
         return classes
 
-    def param_groups(self, weight_decay, sv_weight_decay="none"):
-        """Optimizer groups, one per class of param_classes(). Matrices and embeddings are decayed; scale
-        vectors by sv_weight_decay: "none", "all", or "iwd" (paper 2.2: only the Input-Norm ones)."""
+    def param_groups(self, weight_decay, sv_weight_decay="none", muon=False):
+        """Optimizer groups, one per class of param_classes() (and optimizer). Matrices and embeddings are
+        decayed; scale vectors by sv_weight_decay: "none", "all", or "iwd" (paper 2.2: only the Input-Norm
+        ones). muon=True: the 2-D hidden matrices go to Muon (torch.optim.Muon takes 2-D tensors only, so
+        the stacked (E, out, in) weights of MoE experts stay on AdamW), everything else to AdamW."""
         decayed = {"matrix", "embedding"} | {"none": set(), "iwd": {"sv_input"}, "all": {"sv_input", "sv_output"}}[sv_weight_decay]
         classes, params = self.param_classes(), dict(self.named_parameters())
         groups = []
         for cls in ("matrix", "embedding", "sv_input", "sv_output"):
-            ps = [params[n] for n, c in classes.items() if c == cls]
-            if ps:
-                groups.append({"params": ps, "name": cls, "weight_decay": weight_decay if cls in decayed else 0.0})
+            members = [params[n] for n, c in classes.items() if c == cls]
+            to_muon = [p for p in members if muon and cls == "matrix" and p.dim() == 2]
+            for opt, ps in (("muon", to_muon), ("adamw", [p for p in members if not any(p is q for q in to_muon)])):
+                if ps:
+                    groups.append({"params": ps, "name": cls, "optimizer": opt, "weight_decay": weight_decay if cls in decayed else 0.0})
         grouped = [id(p) for g in groups for p in g["params"]]   # every parameter in exactly one group
         if len(grouped) != len(set(grouped)) or set(grouped) != {id(p) for p in self.parameters()}:
             raise RuntimeError("optimizer groups do not cover every parameter exactly once: fix GPT.param_classes")
@@ -338,23 +448,55 @@ class GPT(nn.Module):
                             tie_embeddings=c.tie_embeddings and not c.scale_vectors)
         plain = GPT(plain_cfg).to(self.wte.weight.device)
         mods = dict(self.named_modules())
+        shared_v = {f"{n}.{s}": m.v() for n, m in mods.items() if isinstance(m, MoE) and m.v is not None
+                    for s in ("router", "experts", "shared.gate_up")}   # an MoE's g_ffn meets these maps
         state = {}
         for key in plain.state_dict():
             mname, _, pname = key.rpartition(".")
             m = mods[mname]
-            state[key] = m.effective_weight().clone() if isinstance(m, ScaledLinear) else getattr(m, pname).clone()
+            state[key] = (m.effective_weight(shared_v.get(mname)) if isinstance(m, ScaledLinear) else getattr(m, pname)).clone()
         plain.load_state_dict(state)
         return plain
+
+    # ---- Mixture of Experts: load balancing and telemetry -----------------------------------
+
+    @torch.no_grad()
+    def update_expert_bias(self, reduce=None):
+        """Call after each optimizer step. DeepSeek-V3 (arXiv:2412.19437, 2.1.2): an expert that got more
+        assignments than the mean since the last call is made less likely to be chosen, by moe_bias_rate
+        (moe_balance="bias"); records the load for moe_stats() in either mode. `reduce(t)` sums t over
+        processes in place (dist.all_reduce under DDP), so that every process keeps the same bias."""
+        for m in self.modules():
+            if isinstance(m, MoE) and m.load is not None:
+                load, m.load = m.load, None
+                if reduce is not None:
+                    reduce(load)
+                m.last_load = load / load.sum().clamp(min=1)
+                if self.config.moe_balance == "bias":
+                    step = torch.sign(load.mean() - load)
+                    m.expert_bias += self.config.moe_bias_rate * (step - step.mean())   # centred: no drift
+
+    def moe_stats(self):
+        """{MoE layer: {"load": fraction of the assignments per expert, "cv": std / mean of it}}, at the last
+        update_expert_bias; cv 0 is a perfect balance."""
+        return {n: {"load": m.last_load.tolist(), "cv": (m.last_load.std(unbiased=False) / m.last_load.mean()).item()}
+                for n, m in self.named_modules() if isinstance(m, MoE) and m.last_load is not None}
 
     # ---- sizes, speed, sampling ------------------------------------------------------------
 
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
 
+    def num_active_params(self):
+        """Parameters one token uses: all but the E - k routed experts it skips in each MoE layer."""
+        c = self.config
+        experts = sum(p.numel() for m in self.modules() if isinstance(m, MoE) for p in (*m.experts.parameters(), m.down))
+        return self.num_params() - experts * (c.n_experts - c.n_experts_active) // max(c.n_experts, 1)
+
     def flops_per_token(self):
         """Training FLOPs per token: 6 per weight used in a matmul, plus attention (PaLM, appendix B)."""
         c = self.config
-        n = self.num_params() - (0 if c.tie_embeddings else self.wte.weight.numel())
+        n = self.num_active_params() - (0 if c.tie_embeddings else self.wte.weight.numel())
         return 6 * n + 12 * c.n_layer * c.n_embd * c.block_size
 
     @torch.no_grad()

@@ -43,18 +43,24 @@ batch_size = 12            # sequences per micro-step and process
 gradient_accumulation_steps = 1   # micro-steps per optimizer step, summed over all processes
 # model: every field of model.GPTConfig is a config key too (block_size, n_layer, sv_hetero, ...)
 globals().update({f.name: f.default for f in fields(GPTConfig) if f.name != "vocab_size"})
-# optimizer: AdamW
-learning_rate = 6e-4
+# optimizer
+optimizer = "adamw"        # "adamw" | "muon": Muon for the 2-D hidden matrices, AdamW for the rest
+learning_rate = 6e-4       # AdamW's
+muon_lr = None             # None: learning_rate (Muon's update is scaled to AdamW's RMS, "match_rms_adamw")
+muon_momentum = 0.95
 max_iters = 5000
 weight_decay = 0.1         # on matrices and embeddings
 sv_weight_decay = "none"   # which scale vectors get weight_decay: "none" | "all" | "iwd" (Input-Norm only)
 beta1 = 0.9
 beta2 = 0.95
 grad_clip = 1.0            # 0 disables
-# learning rate: linear warmup, then cosine decay to min_lr
+# learning rate: linear warmup, then a schedule that ends at min_lr (as a fraction of each group's lr)
+lr_schedule = "cosine"     # "cosine" | "wsd" (warmup-stable-decay) | "constant"
 warmup_iters = 100
-lr_decay_iters = None      # None: max_iters
+lr_decay_iters = None      # None: max_iters; the schedule's end
 min_lr = 6e-5
+wsd_decay_frac = 0.2       # wsd: the last 20% of lr_decay_iters decay
+wsd_shape = "linear"       # wsd: "linear" | "1-sqrt" (Hagele et al. 2024)
 # system
 device = ""                # "" picks cuda, then mps, then cpu
 dtype = ""                 # "float32" | "bfloat16" (autocast); "" picks bfloat16 on CUDA, float32 elsewhere
@@ -68,8 +74,11 @@ except ConfigError as e:
     sys.exit(f"error: {e}")
 globals().update(config)
 lr_decay_iters = lr_decay_iters or max_iters
-if sv_weight_decay not in ("none", "all", "iwd"):
-    sys.exit(f"error: sv_weight_decay must be 'none', 'all' or 'iwd', not {sv_weight_decay!r}")
+muon_lr = muon_lr or learning_rate
+for key, allowed in (("sv_weight_decay", ("none", "all", "iwd")), ("optimizer", ("adamw", "muon")),
+                     ("lr_schedule", ("cosine", "wsd", "constant")), ("wsd_shape", ("linear", "1-sqrt"))):
+    if config[key] not in allowed:
+        sys.exit(f"error: {key} must be one of {', '.join(map(repr, allowed))}, not {config[key]!r}")
 
 # ---- processes and device -----------------------------------------------------
 ddp = "RANK" in os.environ   # set by torchrun
@@ -171,23 +180,36 @@ if ckpt:
     model.load_state_dict(ckpt["model"])
 raw_model = model
 if master:
-    print(f"model: {model.num_params() / 1e6:.2f}M parameters")
+    print(f"model: {model.num_params() / 1e6:.2f}M parameters ({model.num_active_params() / 1e6:.2f}M active per token)")
 
 
-def make_optimizer():
-    """AdamW with one parameter group per class of GPT.param_classes(); prints what is decayed."""
-    groups = raw_model.param_groups(weight_decay, sv_weight_decay)
+def make_optimizers():
+    """AdamW over the classes of GPT.param_groups(); with optimizer="muon", Muon takes the 2-D hidden
+    matrices instead. Prints what each class gets: a gain silently decayed toward 0 is the classic
+    confound of a scale-vector study."""
+    groups = raw_model.param_groups(weight_decay, sv_weight_decay, muon=optimizer == "muon")
+    for g in groups:
+        g["base_lr"] = muon_lr if g["optimizer"] == "muon" else learning_rate
+    muon_groups = [g for g in groups if g["optimizer"] == "muon"]
+    adamw_groups = [g for g in groups if g["optimizer"] == "adamw"]
     if master:
-        print(f"{'class':<10} {'tensors':>7} {'params':>12} {'lr':>8} {'decay':>6}")
+        print(f"{'class':<10} {'optim':<6} {'tensors':>7} {'params':>12} {'lr':>8} {'decay':>6}")
         for g in groups:
-            print(f"{g['name']:<10} {len(g['params']):>7} {sum(p.numel() for p in g['params']):>12,} "
-                  f"{learning_rate:>8.1e} {g['weight_decay']:>6}")
-    return torch.optim.AdamW(groups, lr=learning_rate, betas=(beta1, beta2), fused=device_type == "cuda")
+            print(f"{g['name']:<10} {g['optimizer']:<6} {len(g['params']):>7} {sum(p.numel() for p in g['params']):>12,} "
+                  f"{g['base_lr']:>8.1e} {g['weight_decay']:>6}")
+    opts = [torch.optim.AdamW(adamw_groups, lr=learning_rate, betas=(beta1, beta2), fused=device_type == "cuda")]
+    if muon_groups:
+        opts.append(torch.optim.Muon(muon_groups, lr=muon_lr, momentum=muon_momentum, adjust_lr_fn="match_rms_adamw"))
+    return opts
 
 
-optimizer = make_optimizer()
+optimizers = make_optimizers()
 if ckpt:
-    optimizer.load_state_dict(ckpt["optimizer"])
+    for opt, state in zip(optimizers, ckpt["optimizers"]):
+        config_hparams = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+        opt.load_state_dict(state)   # this also restores the saved lr, weight decay, betas...
+        for group, hparams in zip(opt.param_groups, config_hparams):
+            group.update(hparams)    # ...but the config of this run is the one to follow
     random.setstate(ckpt["rng"]["python"])
     np.random.set_state((ckpt["rng"]["numpy"][0], ckpt["rng"]["numpy"][1].numpy(), *ckpt["rng"]["numpy"][2:]))
     torch.set_rng_state(ckpt["rng"]["torch"])
@@ -202,7 +224,7 @@ if ddp:
 
 def save_checkpoint():
     np_state = np.random.get_state()
-    state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "model_args": model_args,
+    state = {"model": raw_model.state_dict(), "optimizers": [o.state_dict() for o in optimizers], "model_args": model_args,
              "config": config, "iter_num": iter_num, "best_val_loss": best_val_loss,
              "rng": {"python": random.getstate(), "torch": torch.get_rng_state(),
                      "numpy": [np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]],
@@ -212,14 +234,20 @@ def save_checkpoint():
     return path
 
 
-def get_lr(it):
-    """Linear warmup to learning_rate, then cosine decay to min_lr at lr_decay_iters."""
+def lr_factor(it):
+    """The multiplier of every group's learning rate at step `it`: linear warmup, then the schedule,
+    which ends at min_lr / learning_rate at lr_decay_iters."""
+    floor = min_lr / learning_rate
     if it < warmup_iters:
-        return learning_rate * (it + 1) / (warmup_iters + 1)
-    if it >= lr_decay_iters:
-        return min_lr
-    ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
-    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
+        return (it + 1) / (warmup_iters + 1)
+    if lr_schedule == "constant":
+        return 1.0
+    if lr_schedule == "cosine":
+        progress = min((it - warmup_iters) / max(lr_decay_iters - warmup_iters, 1), 1.0)
+        return floor + (1 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    decay_start = max(warmup_iters, lr_decay_iters * (1 - wsd_decay_frac))   # wsd: stable, then decay
+    progress = min(max(it - decay_start, 0) / max(lr_decay_iters - decay_start, 1), 1.0)
+    return floor + (1 - floor) * (1 - (progress if wsd_shape == "linear" else math.sqrt(progress)))
 
 
 @torch.no_grad()
@@ -287,7 +315,8 @@ while True:
         if master:
             print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
             log_metrics({"kind": "eval", "iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"],
-                         "lr": get_lr(iter_num), "scale_vectors": raw_model.scale_vector_stats()})
+                         "lr": learning_rate * lr_factor(iter_num), "scale_vectors": raw_model.scale_vector_stats(),
+                         "moe": raw_model.moe_stats()})
         if not math.isfinite(losses["val"]):
             sys.exit(f"error: validation loss is {losses['val']} at step {iter_num}; the last good checkpoint is "
                      f"{last_ckpt or 'none'}: resume from it with --init_from=resume and a lower learning_rate")
@@ -305,9 +334,10 @@ while True:
             save_checkpoint()
         break
 
-    lr = get_lr(iter_num)
-    for group in optimizer.param_groups:
-        group["lr"] = lr
+    lr = learning_rate * lr_factor(iter_num)
+    for opt in optimizers:
+        for group in opt.param_groups:
+            group["lr"] = group["base_lr"] * lr_factor(iter_num)
     step_loss = torch.zeros((), device=device)
     for micro in range(accum):
         x, y = train_batch(iter_num, micro)
@@ -319,8 +349,10 @@ while True:
             loss.backward()
         step_loss += loss.detach()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf"))
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    for opt in optimizers:
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    raw_model.update_expert_bias(reduce=dist.all_reduce if ddp else None)   # MoE load balancing; else a no-op
     iter_num += 1
     timed_steps += 1
 
