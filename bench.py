@@ -5,6 +5,7 @@ Speed and memory of a training step, for a config of train.py; side by side for 
     python bench.py config/shakespeare_char.py --dtype=bfloat16 --compile=True
     python bench.py config/baseline_124m.py --batch_size=1 --device=cpu --compare=config/unified_124m.py,config/noscale_124m.py
     python bench.py config/shakespeare_char.py --compare=gpt2       # against a GPT-2 (nanoGPT) block of the same sizes
+    python bench.py config/shakespeare_char.py --compare=dtype=bfloat16,compile=True   # overrides joined by +
 
 A step is forward, backward, gradient clipping and an AdamW step on random tokens (no data
 needed). With --compare, every configuration runs in its own fresh process (so peak memory
@@ -49,7 +50,7 @@ def train_defaults():
 
 defaults = {**train_defaults(), **{f.name: f.default for f in fields(GPTConfig)},
             "steps": 20, "warmup": 5,       # measured steps, and unmeasured ones before them (compile, caches)
-            "compare": "",                  # comma-separated config files (or "gpt2") to run beside the first
+            "compare": "",                  # comma-separated: config files, "gpt2", or key=value[+key=value]
             "rounds": 3,                    # alternations of the compared configurations
             "arch": "llama",                # "gpt2": a GPT-2 (nanoGPT) model of the same sizes instead of ours
             "json": False}                  # print one JSON line (what --compare reads from its children)
@@ -140,8 +141,9 @@ def compare(argv, cfg):
     base_files = [a for a in argv if not a.startswith("--")]
     overrides = [a for a in argv if a.startswith("--") and not a.startswith(("--compare=", "--json="))]
     runs = {"base": [*base_files, *overrides]}
-    for item in cfg["compare"].split(","):
-        runs[item] = [*base_files, *overrides] + (["--arch=gpt2"] if item == "gpt2" else [item])
+    for item in cfg["compare"].split(","):   # a config file, "gpt2", or overrides: dtype=bfloat16+compile=True
+        extra = ["--arch=gpt2"] if item == "gpt2" else [f"--{kv}" for kv in item.split("+")] if "=" in item else [item]
+        runs[item] = [*base_files, *overrides, *extra]
     results = {name: [] for name in runs}
     for r in range(cfg["rounds"]):
         for name, args in runs.items():

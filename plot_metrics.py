@@ -3,9 +3,10 @@ Plot the metrics.jsonl of one or more runs of train.py into a PNG.
 
     python plot_metrics.py out/baseline_char out/unified_char --out=runs.png
 
-Left: validation loss over training, one line per run. Right, for each run: the mean of
+Left: validation loss over training, one line per run. Then, for each run: the mean of
 every effective scale vector over training, one line per vector (layer and branch),
-coloured by depth: the growth the paper (section 2.2) calls self-amplifying.
+coloured by depth: the growth the paper (section 2.2) calls self-amplifying. Last, for
+MoE runs: the coefficient of variation of the experts' load, per layer.
 """
 import argparse
 import json
@@ -27,12 +28,21 @@ def read_evals(run_dir):
 
 def plot_runs(run_dirs, out):
     runs = {os.path.basename(os.path.normpath(d)): read_evals(d) for d in run_dirs}
-    fig, axes = plt.subplots(1, 1 + len(runs), figsize=(5 * (1 + len(runs)), 4), squeeze=False)
+    moe = any(r.get("moe") for evals in runs.values() for r in evals)
+    fig, axes = plt.subplots(1, 1 + len(runs) + moe, figsize=(5 * (1 + len(runs) + moe), 4), squeeze=False)
     ax = axes[0, 0]
     for name, evals in runs.items():
         ax.plot([r["iter"] for r in evals], [r["val_loss"] for r in evals], label=name)
     ax.set(xlabel="iteration", ylabel="validation loss", title="validation loss")
     ax.legend()
+    if moe:   # MoE: how unevenly the routed experts are loaded, per layer
+        ax = axes[0, -1]
+        for name, evals in runs.items():
+            for layer in evals[-1].get("moe", {}):
+                its = [r["iter"] for r in evals if layer in r.get("moe", {})]
+                ax.plot(its, [r["moe"][layer]["cv"] for r in evals if layer in r.get("moe", {})], label=f"{name} {layer}", lw=0.8)
+        ax.set(xlabel="iteration", ylabel="coefficient of variation of expert load", title="MoE load balance (0: even)")
+        ax.legend(fontsize=6)
     for ax, (name, evals) in zip(axes[0, 1:], runs.items()):
         names = list(evals[-1].get("scale_vectors", {}))
         cmap = plt.get_cmap("viridis")
