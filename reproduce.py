@@ -117,11 +117,6 @@ def write_json(path, obj):
     os.replace(path + ".tmp", path)
 
 
-def known_keys():
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--help"], capture_output=True, text=True)
-    return set(re.findall(r"^--(\w+)=", p.stdout, re.M))
-
-
 # ---- summary and plots ------------------------------------------------------------------------------
 def mean_std(xs):
     xs = np.asarray(xs, dtype=float)
@@ -269,12 +264,6 @@ def main(argv=None, grids=GRIDS):
             p.error(f"unknown variants {sorted(want - {v.name for v in grid})}; the grid has {[v.name for v in grid]}")
         want |= {v.baseline for v in grid if v.name in want and v.baseline}
         grid = [v for v in grid if v.name in want]
-    if any(v.overrides for v in grid):   # e.g. --optimizer before train.py has it
-        keys = known_keys()
-        missing = {v.name: o for v in grid for o in v.overrides if o[2:].split("=")[0] not in keys}
-        if missing:
-            print(f"skipping variants whose keys train.py lacks: {missing}")
-            grid = [v for v in grid if v.name not in missing and v.baseline not in missing]
     out = a.results_dir or os.path.join("results", a.grid)
     extra = shlex.split(a.extra)
     jobs = []
