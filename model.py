@@ -346,8 +346,10 @@ class GPT(nn.Module):
         self.config = cfg = config
         self.wte = nn.Embedding(cfg.padded_vocab, cfg.n_embd)
         self.blocks = nn.ModuleList(Block(cfg, cfg.n_experts > 0 and i >= cfg.moe_dense_layers) for i in range(cfg.n_layer))
-        # logits = W_head(g_final * Norm(x)): g_final is an Input-Norm vector, folded into the head
-        self.head = ScaledLinear(cfg.n_embd, cfg.padded_vocab, cfg, dual=False)
+        # logits = W_head(g_final * Norm(x)): g_final is an Input-Norm vector, but the head has far more rows
+        # (the vocabulary) than a micro-batch has tokens, so scaling the activations is the cheaper place for it
+        self.head = ScaledLinear(cfg.n_embd, cfg.padded_vocab, cfg, dual=False, own_v=False)
+        self.g_final = ScaleVector(1, cfg.n_embd, "input", cfg.sv_reparam) if cfg.scale_vectors else None
         if cfg.tie_embeddings:
             self.head.weight = self.wte.weight
         self.register_buffer("rope", rope_table(cfg), persistent=False)
@@ -372,7 +374,8 @@ class GPT(nn.Module):
         x = self.wte(idx)
         for block in self.blocks:
             x = block(x, self.rope)
-        logits = self.head(norm(x, self.config.norm_eps))
+        x = norm(x, self.config.norm_eps)
+        logits = self.head(x * self.g_final() if self.g_final is not None else x)
         loss = None
         if targets is not None:   # padded rows take part in the softmax and learn to stay low
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
@@ -450,6 +453,8 @@ class GPT(nn.Module):
         mods = dict(self.named_modules())
         shared_v = {f"{n}.{s}": m.v() for n, m in mods.items() if isinstance(m, MoE) and m.v is not None
                     for s in ("router", "experts", "shared.gate_up")}   # an MoE's g_ffn meets these maps
+        if self.g_final is not None:
+            shared_v["head"] = self.g_final()
         state = {}
         for key in plain.state_dict():
             mname, _, pname = key.rpartition(".")

@@ -139,7 +139,7 @@ def test_folding_refuses_output_norm_vectors(name):
 
 
 # The rules of the design page, written independently of ScaleVector.kind: a parameter name -> decayed?
-INPUT_SIDE = re.compile(r"(qkv|gate_up|head)\.v\.")                 # Input-Norm vectors (and HG's branch vectors)
+INPUT_SIDE = re.compile(r"(qkv|gate_up)\.v\.|g_final\.")   # Input-Norm vectors (and HG's branch vectors)
 OUTPUT_SIDE = re.compile(r"(q_norm|k_norm|attn_post|mlp_post)\.g\.")  # qk_norm and post_norm vectors
 
 
@@ -226,7 +226,7 @@ def test_variants_share_the_initial_weights_of_the_baseline():
 def test_scale_vector_stats_names_each_branch():
     stats = make(**VARIANTS["unified"]).scale_vector_stats()
     assert {"blocks.0.attn.qkv.v.q", "blocks.0.attn.qkv.v.k", "blocks.0.attn.qkv.v.v",
-            "blocks.1.mlp.gate_up.u.up", "head.v"} <= set(stats)
+            "blocks.1.mlp.gate_up.u.up", "g_final"} <= set(stats)
     assert all(abs(mean - 1) < 1e-5 and abs(lo - 1) < 1e-5 and abs(hi - 1) < 1e-5 for mean, lo, hi in stats.values())
 
 

@@ -246,7 +246,7 @@ def expected_decay(name, placement, policy):
     vectors; the experts' u is DP's (folds) or DNP's (does not)."""
     if not re.search(r"\.(g|alpha|beta)$", name):
         return True
-    if re.search(r"(qkv|gate_up|head|router|experts)\.v\.|mlp\.v\.", name) or (placement == "dp" and re.search(r"(qkv|gate_up|experts)\.u\.", name)):
+    if re.search(r"(qkv|gate_up|router|experts)\.v\.|mlp\.v\.|g_final\.", name) or (placement == "dp" and re.search(r"(qkv|gate_up|experts)\.u\.", name)):
         return policy in ("iwd", "all")
     assert placement == "dnp" and re.search(r"(qkv|gate_up|experts)\.u\.", name), name
     return policy == "all"
