@@ -66,6 +66,7 @@ device = ""                # "" picks cuda, then mps, then cpu
 dtype = ""                 # "float32" | "bfloat16" (autocast); "" picks bfloat16 on CUDA, float32 elsewhere
 compile = False            # torch.compile the model
 seed = 1337                # fixes the initialization and the order of training batches
+mfu_peak_flops = 0.0       # FLOP/s that MFU divides by; 0: a table of GPUs, or a short matmul probe on a CPU
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))]
 try:
@@ -306,7 +307,7 @@ def stop_requested():
 
 # ---- the training loop ---------------------------------------------------------------------
 flops_per_iter = raw_model.flops_per_token() * tokens_per_iter
-peak = peak_flops(torch.device(device), torch.bfloat16 if dtype == "bfloat16" else torch.float32)
+peak = mfu_peak_flops or peak_flops(torch.device(device), torch.bfloat16 if dtype == "bfloat16" else torch.float32)
 start_iter, last_ckpt = iter_num, (ckpt_path if init_from == "resume" else None)
 t0, timed_steps = time.perf_counter(), 0
 while True:

@@ -1,0 +1,39 @@
+"""bench.py runs end to end (its figures are reported, never asserted), and bf16 autocast on a CPU
+trains like float32."""
+import os
+import subprocess
+import sys
+
+from conftest import ROOT
+from test_train import ENV, records, train, workdir  # noqa: F401  (workdir is a fixture)
+
+TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=2", "--vocab_size=50",
+        "--vocab_pad=1", "--device=cpu", "--steps=2", "--warmup=1"]
+
+
+def bench(*args):
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench.py"), *TINY, *args], cwd=ROOT, env=ENV,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
+def test_bench_prints_every_figure():
+    out = bench("--dataset=none")
+    for figure in ("M params", "ms/step", "tokens/s", "MFU", "peak memory", "warmup"):
+        assert figure in out, out
+
+
+def test_bench_compares_configurations_side_by_side():
+    out = bench("--dataset=none", "--rounds=1", "--compare=gpt2,sv_hetero=True+sv_placement=dnp")
+    rows = [line for line in out.splitlines() if line.startswith("| ")]
+    assert [r.split("|")[1].strip() for r in rows[1:]] == ["base", "gpt2", "sv_hetero=True+sv_placement=dnp"]
+    assert rows[1].split("|")[4].strip() == "1.000"   # the base's ratio to itself
+
+
+def test_bf16_autocast_on_cpu_trains_like_float32(workdir):
+    for dtype in ("float32", "bfloat16"):
+        train(workdir, f"--out_dir=out_{dtype}", "--max_iters=30", "--eval_interval=30", f"--dtype={dtype}")
+    f32, b16 = (records(workdir, f"out_{d}", "eval")[-1]["val_loss"] for d in ("float32", "bfloat16"))
+    first = records(workdir, "out_float32", "eval")[0]["val_loss"]
+    assert abs(f32 - b16) < 0.05 * (first - f32), (f32, b16)   # within 5% of the progress made
