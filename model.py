@@ -186,7 +186,7 @@ class ScaledLinear(nn.Module):
         if self.placement != "dnp":
             return y
         u = self.u().view(self.n_expert or 1, -1, self.group)[0 if expert is None else expert]
-        return (norm(y.unflatten(-1, (-1, self.group)), self.eps) * u).flatten(-2)
+        return (norm(y.unflatten(-1, (-1, self.group)), self.eps) * u.to(y.dtype)).flatten(-2)   # stays bf16 under autocast
 
 
 class OutputNorm(nn.Module):
