@@ -48,7 +48,7 @@ def test_sigkill_at_random_moments_never_loses_the_last_checkpoint(workdir):
     big = ["--n_layer=4", "--n_embd=384", "--n_head=4", "--eval_interval=1", "--eval_iters=1", "--keep_checkpoints=2",
            "--out_dir=out_kill", "--max_iters=100000"]
     rng, killed_mid_save, last = random.Random(0), 0, -1
-    for trial in range(4):
+    for trial in range(3):
         p = start(workdir, *big, *(["--init_from=resume"] if trial else []))
         wait_for(lambda: checkpoint.candidates(workdir / "out_kill") and
                  checkpoint.load_latest(workdir / "out_kill")[1]["iter_num"] > last + 1, timeout=120)
@@ -63,7 +63,7 @@ def test_sigkill_at_random_moments_never_loses_the_last_checkpoint(workdir):
                         f"--max_iters={last + 2}", "--init_from=resume"], cwd=workdir, env=ENV, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert checkpoint.load_latest(workdir / "out_kill")[1]["iter_num"] == last + 2
-    print(f"{killed_mid_save} of 4 kills landed during a save")
+    print(f"{killed_mid_save} of 3 kills landed during a save")
 
 
 @pytest.fixture
