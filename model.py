@@ -13,7 +13,6 @@ multiplies it: g * Norm(x). Every variant is made of three pieces:
   OutputNorm    g * Norm(x) where no linear map follows (qk_norm, post_norm).
 An optional Mixture-of-Experts FFN (MoE) is built from the same pieces.
 """
-import copy
 import math
 import time
 from dataclasses import dataclass, replace

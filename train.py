@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, fields
+from dataclasses import fields
 
 import numpy as np
 import torch

@@ -1,6 +1,20 @@
 import os
 import sys
 
+import pytest
+
 # the tests import the project's modules (model, prepare_data, ...) from the repo root
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory):
+    """A folder with data/tiny prepared from 20 KB of Tiny Shakespeare, where train.py runs."""
+    wd = tmp_path_factory.mktemp("train")
+    with open(os.path.join(ROOT, "data", "raw", "tinyshakespeare.txt"), encoding="utf-8") as f:
+        (wd / "tiny.txt").write_text(f.read()[:20000], encoding="utf-8")
+    import prepare_data
+    prepare_data.main(["text", "--input", str(wd / "tiny.txt"), "--name", "tiny", "--tokenizer", "char",
+                       "--out_dir", str(wd / "data" / "tiny")])
+    return wd

@@ -1,6 +1,5 @@
 """The Mixture-of-Experts FFN (model.MoE): routing, dispatch, balancing, scale vectors, and training
 through train.py (alone, with the unified flags, and under DDP with experts that receive no token)."""
-import os
 import re
 import sys
 
@@ -10,7 +9,7 @@ import torch.nn.functional as F
 
 from model import GPT, GPTConfig, MoE, ScaleVector, SwiGLU
 from test_model import TINY, VARIANTS, make, randomize_scale_vectors, tokens
-from test_train import final_state, records, train, workdir  # noqa: F401  (workdir: the tiny-corpus fixture)
+from test_train import final_state, records, train
 
 MOE = dict(n_experts=4, n_experts_active=2, n_shared_experts=1, moe_hidden=32)
 
@@ -203,7 +202,7 @@ def test_aux_loss_is_added_in_training_only():
 
 def test_parameter_counts_and_active_parameters():
     c = GPTConfig(**TINY, **MOE, moe_dense_layers=1)
-    d, h, E, k, L = c.n_embd, c.expert_hidden, c.n_experts, c.n_experts_active, c.n_layer
+    d, h, E, k = c.n_embd, c.expert_hidden, c.n_experts, c.n_experts_active
     model = GPT(c)
     moe_layer_params = d * E + 3 * d * h * E + 3 * d * h * c.n_shared_experts
     dense = make()

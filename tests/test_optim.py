@@ -6,7 +6,7 @@ import torch
 
 from model import GPT, GPTConfig
 from test_model import TINY
-from test_train import records, train, workdir  # noqa: F401  (workdir is a fixture)
+from test_train import records, train
 
 WARMUP, DECAY_END, LR, MIN_LR = 4, 16, 3e-3, 3e-4
 

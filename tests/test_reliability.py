@@ -14,7 +14,7 @@ import torch
 
 import checkpoint
 from conftest import ROOT
-from test_train import ENV, TINY_MODEL, records, train, workdir  # noqa: F401  (workdir is a fixture)
+from test_train import ENV, TINY_MODEL, records, train
 
 
 def start(wd, *args):

@@ -6,7 +6,6 @@ import statistics
 
 import reproduce
 from reproduce import Variant
-from test_train import workdir  # noqa: F401  (the fixture: data/tiny in a tmp folder)
 
 TINY = ("--dataset=tiny --n_layer=2 --n_head=2 --n_embd=32 --block_size=16 --batch_size=4 --vocab_pad=1 "
         "--eval_iters=2 --device=cpu --log_interval=1 --learning_rate=3e-3 --min_lr=3e-4 --eval_interval=4")

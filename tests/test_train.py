@@ -7,24 +7,12 @@ import sys
 import pytest
 import torch
 
-import prepare_data
 from conftest import ROOT
 
 TINY_MODEL = ["--dataset=tiny", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=4",
               "--vocab_pad=1", "--device=cpu", "--log_interval=1", "--eval_iters=2", "--warmup_iters=2",
               "--learning_rate=3e-3", "--min_lr=3e-4"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    """A folder with data/tiny prepared from 20 KB of Tiny Shakespeare, where train.py runs."""
-    wd = tmp_path_factory.mktemp("train")
-    with open(os.path.join(ROOT, "data", "raw", "tinyshakespeare.txt"), encoding="utf-8") as f:
-        (wd / "tiny.txt").write_text(f.read()[:20000], encoding="utf-8")
-    prepare_data.main(["text", "--input", str(wd / "tiny.txt"), "--name", "tiny", "--tokenizer", "char",
-                       "--out_dir", str(wd / "data" / "tiny")])
-    return wd
 
 
 def train(wd, *args, launcher=(sys.executable,), check=True):
