@@ -161,9 +161,10 @@ if init_from == "resume":
         ckpt_path, ckpt = checkpoint.load_latest(out_dir, fallback=resume_fallback)
     except checkpoint.CheckpointError as e:
         sys.exit(f"error: {e}")
-    mismatched = {k: (ckpt["model_args"].get(k), v) for k, v in model_args.items() if ckpt["model_args"].get(k) != v}
+    saved = {**ckpt["model_args"], "optimizer": ckpt["config"].get("optimizer", "adamw")}
+    mismatched = {k: (saved.get(k), v) for k, v in {**model_args, "optimizer": optimizer}.items() if saved.get(k) != v}
     if mismatched:
-        sys.exit(f"error: {ckpt_path} was trained with a different model; mismatched keys (checkpoint, requested): "
+        sys.exit(f"error: {ckpt_path} was trained with a different model or optimizer; mismatched keys (checkpoint, requested): "
                  + ", ".join(f"{k}=({a!r}, {b!r})" for k, (a, b) in mismatched.items()))
     iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
     if master:
