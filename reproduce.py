@@ -270,7 +270,7 @@ def main(argv=None, grids=GRIDS):
     for seed in range(1, a.seeds + 1):   # seed by seed: an interrupted grid still has whole seeds
         for v in grid:
             run_dir = os.path.join(out, "runs", v.name, f"seed{seed}")
-            args_list = [*sizing(a.max_iters), *v.overrides, *extra, f"--seed={seed}", f"--out_dir={os.path.abspath(run_dir)}"]
+            args_list = [*sizing(a.max_iters), *v.overrides, *extra, f"--seed={seed}", f"--out_dir={run_dir}"]
             done = (load_result(run_dir) or {}).get("args") == args_list
             jobs.append((v, seed, args_list, run_dir, done))
     todo = [j for j in jobs if not j[4]]
