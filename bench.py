@@ -30,7 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from configurator import ConfigError, configure
-from model import GPT, GPTConfig, peak_flops
+from model import GPT, GPTConfig, default_device, peak_flops
 
 
 def train_defaults():
@@ -93,7 +93,7 @@ class GPT2(nn.Module):
 
 def measure(cfg):
     """Time `steps` training steps of the configured model; returns a dict of figures."""
-    device = cfg["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = cfg["device"] or default_device()
     dtype = cfg["dtype"] or ("bfloat16" if device.startswith("cuda") else "float32")
     meta_path = os.path.join("data", cfg["dataset"], "meta.json")
     vocab = json.load(open(meta_path))["vocab_size"] if os.path.exists(meta_path) else cfg["vocab_size"]

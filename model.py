@@ -517,6 +517,11 @@ class GPT(nn.Module):
         return idx
 
 
+def default_device():
+    """cuda, then mps, then cpu: what train.py, sample.py and bench.py use unless told otherwise."""
+    return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+
+
 # Peak dense bf16 FLOP/s (no sparsity) of common GPUs, for MFU; fp32 runs use the TF32 figure.
 GPU_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "A10G": 125e12, "L4": 121e12, "4090": 165e12}
 

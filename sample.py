@@ -11,7 +11,7 @@ import torch
 
 import checkpoint
 from configurator import ConfigError, configure
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, default_device
 from prepare_data import get_tokenizer, load_meta
 
 out_dir = "out"
@@ -28,7 +28,7 @@ try:
     path, ckpt = checkpoint.load_latest(out_dir)
 except (ConfigError, checkpoint.CheckpointError) as e:
     sys.exit(f"error: {e}")
-device = device or ("cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu")
+device = device or default_device()
 torch.manual_seed(seed)
 
 model = GPT(GPTConfig(**ckpt["model_args"]))

@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import checkpoint
 from configurator import ConfigError, configure
-from model import GPT, GPTConfig, peak_flops
+from model import GPT, GPTConfig, default_device, peak_flops
 from prepare_data import load_meta
 
 # -----------------------------------------------------------------------------
@@ -83,7 +83,7 @@ for key, allowed in (("sv_weight_decay", ("none", "all", "iwd")), ("optimizer", 
 
 # ---- processes and device -----------------------------------------------------
 ddp = "RANK" in os.environ   # set by torchrun
-device = device or ("cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu")
+device = device or default_device()
 if ddp:
     dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
@@ -306,6 +306,13 @@ def stop_requested():
     return flag.item() > 0
 
 
+def stop_if_diverged(which, loss):
+    """A non-finite loss ends the run before anything is saved, naming the last good checkpoint."""
+    if not math.isfinite(loss):
+        sys.exit(f"error: {which} loss is {loss} at step {iter_num}; the last good checkpoint is "
+                 f"{last_ckpt or 'none'}: resume from it with --init_from=resume and a lower learning_rate")
+
+
 # ---- the training loop ---------------------------------------------------------------------
 flops_per_iter = raw_model.flops_per_token() * tokens_per_iter
 peak = mfu_peak_flops or peak_flops(torch.device(device), torch.bfloat16 if dtype == "bfloat16" else torch.float32)
@@ -319,9 +326,7 @@ while True:
             log_metrics({"kind": "eval", "iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"],
                          "lr": learning_rate * lr_factor(iter_num), "scale_vectors": raw_model.scale_vector_stats(),
                          "moe": raw_model.moe_stats()})
-        if not math.isfinite(losses["val"]):
-            sys.exit(f"error: validation loss is {losses['val']} at step {iter_num}; the last good checkpoint is "
-                     f"{last_ckpt or 'none'}: resume from it with --init_from=resume and a lower learning_rate")
+        stop_if_diverged("validation", losses["val"])
         best_val_loss = min(best_val_loss, losses["val"])
         if iter_num > start_iter and master:
             last_ckpt = save_checkpoint()
@@ -364,9 +369,7 @@ while True:
         loss_f = step_loss.item()   # waits for the device: only once per log interval
         dt = (time.perf_counter() - t0) / timed_steps
         t0, timed_steps = time.perf_counter(), 0
-        if not math.isfinite(loss_f):
-            sys.exit(f"error: training loss is {loss_f} at step {iter_num}; the last good checkpoint is "
-                     f"{last_ckpt or 'none'}: resume from it with --init_from=resume and a lower learning_rate")
+        stop_if_diverged("training", loss_f)
         if master:
             mfu = flops_per_iter / dt / peak
             print(f"iter {iter_num}: loss {loss_f:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter, "
