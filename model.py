@@ -90,13 +90,25 @@ class GPTConfig:
         return self.vocab_pad * math.ceil(self.vocab_size / self.vocab_pad)
 
 
+def _rms_inverse(x, eps):
+    """r = 1 / sqrt(mean(x^2) + eps) over the last dimension, shape (..., 1), in float32 (float64 for float64).
+    vector_norm reads x once and accumulates in float32; x.pow(2).mean() is many times slower on a CPU in bf16."""
+    ms = torch.linalg.vector_norm(x, dim=-1, keepdim=True).to(torch.promote_types(x.dtype, torch.float32)).square() / x.size(-1)
+    return torch.rsqrt(ms + eps)
+
+
+def _mean(x):
+    """mean over the last dimension, kept: sum / d (a bf16 mean() on a CPU is several times slower than sum())."""
+    return x.sum(-1, keepdim=True) / x.size(-1)
+
+
 class _Norm(torch.autograd.Function):
     """y = x / sqrt(mean(x^2) + eps), with the backward written out: dx = r * (dy - y * mean(dy * y)),
     r = 1 / sqrt(mean(x^2) + eps). Twice as fast as F.rms_norm's backward on a CPU (a chain of small ops)."""
 
     @staticmethod
     def forward(ctx, x, eps):
-        r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True).float() + eps)
+        r = _rms_inverse(x, eps)
         y = (x * r).to(x.dtype)
         ctx.save_for_backward(y, r)
         return y
@@ -104,12 +116,63 @@ class _Norm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         y, r = ctx.saved_tensors
-        return (r * (dy - y * (dy * y).mean(-1, keepdim=True))).to(dy.dtype), None
+        return torch.addcmul(dy, y, _mean(dy * y), value=-1).mul_(r).to(dy.dtype), None
 
 
 def norm(x, eps):
     """Norm(x): RMS normalization over the last dimension, no parameter."""
     return _Norm.apply(x, eps)
+
+
+class _ScaledNorm(torch.autograd.Function):
+    """out = u * Norm(y) over the last dimension (DNP's g_a, paper 3.2), u broadcast over y's leading dims.
+    It keeps only its output, which the next operation keeps anyway (attention keeps v, a view of the
+    same qkv tensor; SwiGLU keeps gate|up), and recovers Norm(y) = out / u in the backward, as In-Place
+    ABN does (Rota Bulo et al., 2018): so DNP costs no activation memory. (An entry of u that is exactly
+    0 would lose its gradient; a trained u never lands on exactly 0.) The small factors r and u are cast
+    to y's dtype so that every full-size operation runs in it (bf16 under autocast: half the traffic)."""
+
+    @staticmethod
+    def forward(ctx, y, u, eps):
+        ctx.u_dtype = u.dtype
+        r, u = _rms_inverse(y, eps).to(y.dtype), u.to(y.dtype)
+        out = (y * r).mul_(u)
+        ctx.save_for_backward(out, u, r)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        out, u, r = ctx.saved_tensors
+        n = out / torch.where(u == 0, 1, u)                          # Norm(y), recovered
+        du = (dout * n).sum_to_size(u.shape).to(ctx.u_dtype)
+        m = _mean(dout * out)                                        # mean(dn * n), with dn = dout * u
+        return torch.mul(dout, u).sub_(n.mul_(m)).mul_(r), du, None  # dy = r * (dn - n * mean(dn * n))
+
+
+class _SwiGLU(torch.autograd.Function):
+    """silu(gate) * up from the fused projection gate|up. It keeps only gate|up (autograd would keep gate,
+    silu(gate) and up) and writes the gradient of gate|up into one tensor (autograd would concatenate
+    two halves)."""
+
+    @staticmethod
+    def forward(ctx, gate_up):
+        gate, up = gate_up.chunk(2, dim=-1)
+        ctx.save_for_backward(gate_up)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def backward(ctx, dh):
+        gate, up = ctx.saved_tensors[0].chunk(2, dim=-1)
+        d_gate_up = torch.empty_like(ctx.saved_tensors[0])
+        d_gate, d_up = d_gate_up.chunk(2, dim=-1)
+        torch.mul(dh, F.silu(gate), out=d_up)
+        torch.ops.aten.silu_backward.grad_input(dh * up, gate, grad_input=d_gate)
+        return d_gate_up
+
+
+def swiglu(gate_up):
+    """silu(gate) * up, the SwiGLU product (Shazeer 2020), from gate|up concatenated on the last dimension."""
+    return _SwiGLU.apply(gate_up)
 
 
 class ScaleVector(nn.Module):
@@ -185,7 +248,7 @@ class ScaledLinear(nn.Module):
         if self.placement != "dnp":
             return y
         u = self.u().view(self.n_expert or 1, -1, self.group)[0 if expert is None else expert]
-        return (norm(y.unflatten(-1, (-1, self.group)), self.eps) * u.to(y.dtype)).flatten(-2)   # stays bf16 under autocast
+        return _ScaledNorm.apply(y.unflatten(-1, (-1, self.group)), u, self.eps).flatten(-2)
 
 
 class OutputNorm(nn.Module):
@@ -231,11 +294,11 @@ class Attention(nn.Module):
     def forward(self, xn, rope):
         B, T, C = xn.shape
         qkv = self.qkv(xn).view(B, T, 3, self.n_head, self.hd)
-        qk, v = qkv[:, :, :2], qkv[:, :, 2]
+        qk, v = qkv.split((2, 1), dim=2)   # split, not slicing: its backward is one concatenation
         if self.qk_norm:
             qk = torch.stack((self.q_norm(qk[:, :, 0]), self.k_norm(qk[:, :, 1])), dim=2)
         q, k = apply_rope(qk, rope).unbind(2)
-        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.squeeze(2).transpose(1, 2), is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
 
@@ -247,8 +310,7 @@ class SwiGLU(nn.Module):
         self.down = nn.Linear(hidden, cfg.n_embd, bias=False)
 
     def forward(self, xn, v=None):
-        gate, up = self.gate_up(xn, v).chunk(2, dim=-1)
-        return self.down(F.silu(gate) * up)
+        return self.down(swiglu(self.gate_up(xn, v)))
 
 
 class MoE(nn.Module):
@@ -301,13 +363,11 @@ class MoE(nn.Module):
         if impl == "grouped":   # one grouped GEMM per projection; the groups are the experts' rows
             offs = counts.cumsum(0).int()
             mm = lambda a, w: torch._grouped_mm(a.to(dt), w.to(dt).transpose(-2, -1), offs=offs)
-            gate, up = self.experts.dnp(mm(xs, W), expert).chunk(2, dim=-1)
-            y = mm(F.silu(gate) * up, self.down)
+            y = mm(swiglu(self.experts.dnp(mm(xs, W), expert)), self.down)
         else:                   # an expert with no token runs on an empty slice
             y = []
             for e, (xe, We, De) in enumerate(zip(xs.split(counts.tolist()), W.unbind(), self.down.unbind())):
-                gate, up = self.experts.dnp(F.linear(xe, We), e).chunk(2, dim=-1)
-                y.append(F.linear(F.silu(gate) * up, De))
+                y.append(F.linear(swiglu(self.experts.dnp(F.linear(xe, We), e)), De))
             y = torch.cat(y)
         y = torch.empty_like(y).index_copy_(0, order, y).view(N, k, -1)   # back to token order
         out = (y * gates.unsqueeze(-1)).sum(1)
