@@ -8,7 +8,8 @@ Speed and memory of a training step, for a config of train.py; side by side for 
     python bench.py config/shakespeare_char.py --compare=dtype=bfloat16,compile=True   # overrides joined by +
 
 A step is forward, backward, gradient clipping and an AdamW step on random tokens (no data
-needed). With --compare, every configuration runs in its own fresh process (so peak memory
+needed); AdamW is fused where train.py fuses it (CUDA, CPU), and for the gpt2 reference where
+nanoGPT does (CUDA). With --compare, every configuration runs in its own fresh process (so peak memory
 is its own), `rounds` times in alternation, and the table gives medians and their ratios to
 the first configuration: these machines are noisy, so compare within one run.
 Peak memory is the CUDA allocator's peak, or on a CPU the process's peak resident size
@@ -100,7 +101,9 @@ def measure(cfg):
     gcfg = GPTConfig(**{**{f.name: cfg[f.name] for f in fields(GPTConfig)}, "vocab_size": vocab})
     torch.manual_seed(0)
     model = (GPT2(gcfg) if cfg["arch"] == "gpt2" else GPT(gcfg)).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.startswith("cuda"))
+    # as train.py: the fused AdamW on CUDA and CPU; the reference as nanoGPT: fused on CUDA only
+    fused = device.startswith("cuda") or (device == "cpu" and cfg["arch"] != "gpt2")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
     step_model = torch.compile(model) if cfg["compile"] else model
     autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
     B, T = cfg["batch_size"], cfg["block_size"]
