@@ -6,12 +6,14 @@ Speed and memory of a training step, for a config of train.py; side by side for 
     python bench.py config/baseline_124m.py --batch_size=1 --device=cpu --compare=config/unified_124m.py,config/noscale_124m.py
     python bench.py config/shakespeare_char.py --compare=gpt2       # against a GPT-2 (nanoGPT) block of the same sizes
     python bench.py config/shakespeare_char.py --compare=dtype=bfloat16,compile=True   # overrides joined by +
+    python bench.py config/baseline_124m.py --device=cpu --compare=config/unified_124m.py --interleave=True
 
 A step is forward, backward, gradient clipping and an AdamW step on random tokens (no data
 needed); AdamW is fused where train.py fuses it (CUDA, CPU), and for the gpt2 reference where
 nanoGPT does (CUDA). With --compare, every configuration runs in its own fresh process (so peak memory
 is its own), `rounds` times in alternation, and the table gives medians and their ratios to
-the first configuration: these machines are noisy, so compare within one run.
+the first configuration: these machines are noisy, so compare within one run. --interleave=True
+runs them all in one process instead, one step of each in turn: the steadiest time ratio, no memory.
 Peak memory is the CUDA allocator's peak, or on a CPU the process's peak resident size
 (which includes PyTorch itself: compare differences, not ratios, for small models).
 """
@@ -53,6 +55,7 @@ defaults = {**train_defaults(), **{f.name: f.default for f in fields(GPTConfig)}
             "steps": 20, "warmup": 5,       # measured steps, and unmeasured ones before them (compile, caches)
             "compare": "",                  # comma-separated: config files, "gpt2", or key=value[+key=value]
             "rounds": 3,                    # alternations of the compared configurations
+            "interleave": False,            # --compare in one process, one step of each in turn (time only)
             "arch": "llama",                # "gpt2": a GPT-2 (nanoGPT) model of the same sizes instead of ours
             "json": False}                  # print one JSON line (what --compare reads from its children)
 
@@ -92,8 +95,8 @@ class GPT2(nn.Module):
         return 6 * n + 12 * len(self.blocks) * self.wte.weight.size(1) * self.wpe.weight.size(0)
 
 
-def measure(cfg):
-    """Time `steps` training steps of the configured model; returns a dict of figures."""
+def build(cfg):
+    """The configured model and a function that runs one training step on it (synchronized)."""
     device = cfg["device"] or default_device()
     dtype = cfg["dtype"] or ("bfloat16" if device.startswith("cuda") else "float32")
     meta_path = os.path.join("data", cfg["dataset"], "meta.json")
@@ -117,36 +120,71 @@ def measure(cfg):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        sync()
 
+    return model, step, {"device": device, "dtype": dtype, "tokens": B * T}
+
+
+def measure(cfg):
+    """Time `steps` training steps of the configured model; returns a dict of figures."""
+    model, step, info = build(cfg)
+    device, dtype = info["device"], info["dtype"]
     t0 = time.perf_counter()
     for _ in range(cfg["warmup"]):
         step()
-    sync()
     warmup_s, times = time.perf_counter() - t0, []
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     for _ in range(cfg["steps"]):
         t0 = time.perf_counter()
         step()
-        sync()
         times.append(time.perf_counter() - t0)
     ms = 1000 * statistics.median(times)
-    flops = model.flops_per_token() * B * T
+    tokens = info["tokens"]
+    flops = model.flops_per_token() * tokens
     peak_mem = torch.cuda.max_memory_allocated() if device.startswith("cuda") else \
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"ms": ms, "tokens_per_s": B * T / ms * 1000, "warmup_s": warmup_s, "peak_mem_mb": peak_mem / 2**20,
+    return {"ms": ms, "tokens_per_s": tokens / ms * 1000, "warmup_s": warmup_s, "peak_mem_mb": peak_mem / 2**20,
             "mfu": flops / (ms / 1000) / (cfg["mfu_peak_flops"] or peak_flops(torch.device(device), torch.bfloat16 if dtype == "bfloat16" else torch.float32)),
             "params_m": sum(p.numel() for p in model.parameters()) / 1e6, "device": device, "dtype": dtype}
 
 
-def compare(argv, cfg):
-    """Run the base configuration and each compared one in fresh processes, alternating, `rounds` times."""
+def compared_runs(argv, cfg):
+    """{name: argv} for the base configuration and each one of --compare."""
     base_files = [a for a in argv if not a.startswith("--")]
-    overrides = [a for a in argv if a.startswith("--") and not a.startswith(("--compare=", "--json="))]
+    overrides = [a for a in argv if a.startswith("--") and not a.startswith(("--compare=", "--json=", "--interleave="))]
     runs = {"base": [*base_files, *overrides]}
     for item in cfg["compare"].split(","):   # a config file, "gpt2", or overrides: dtype=bfloat16+compile=True
         extra = ["--arch=gpt2"] if item == "gpt2" else [f"--{kv}" for kv in item.split("+")] if "=" in item else [item]
         runs[item] = [*base_files, *overrides, *extra]
+    return runs
+
+
+def interleave(runs, cfg):
+    """Every configuration in this one process, one step of each in turn, `rounds` x `steps` times: all of
+    them see the same machine conditions, so this is the steadiest time ratio on a noisy machine (peak
+    memory needs a process per configuration: compare() without --interleave)."""
+    built = {name: build(configure(defaults, args)) for name, args in runs.items()}
+    for _, step, _ in built.values():
+        for _ in range(cfg["warmup"]):
+            step()
+    times = {name: [] for name in built}
+    for _ in range(cfg["rounds"] * cfg["steps"]):
+        for name, (_, step, _) in built.items():
+            t0 = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - t0)
+    base_ms = 1000 * statistics.median(times["base"])
+    print("| config | params (M) | ms/step | x base | tokens/s |")
+    print("|---|---|---|---|---|")
+    for name, (model, _, info) in built.items():
+        ms = 1000 * statistics.median(times[name])
+        print(f"| {name} | {sum(p.numel() for p in model.parameters()) / 1e6:.2f} | {ms:.1f} | {ms / base_ms:.3f} "
+              f"| {info['tokens'] / ms * 1000:,.0f} |")
+
+
+def compare(runs, cfg):
+    """Run the base configuration and each compared one in fresh processes, alternating, `rounds` times."""
     results = {name: [] for name in runs}
     for r in range(cfg["rounds"]):
         for name, args in runs.items():
@@ -172,7 +210,7 @@ if __name__ == "__main__":
     except ConfigError as e:
         sys.exit(f"error: {e}")
     if cfg["compare"]:
-        compare(argv, cfg)
+        (interleave if cfg["interleave"] else compare)(compared_runs(argv, cfg), cfg)
     else:
         r = measure(cfg)
         if cfg["json"]:

@@ -31,6 +31,13 @@ def test_bench_compares_configurations_side_by_side():
     assert rows[1].split("|")[4].strip() == "1.000"   # the base's ratio to itself
 
 
+def test_bench_interleaves_configurations_in_one_process():
+    out = bench("--dataset=none", "--rounds=2", "--compare=gpt2,sv_placement=dnp", "--interleave=True")
+    rows = [line.split("|") for line in out.splitlines() if line.startswith("| ")][1:]
+    assert [r[1].strip() for r in rows] == ["base", "gpt2", "sv_placement=dnp"]
+    assert rows[0][4].strip() == "1.000" and all(float(r[3]) > 0 for r in rows)
+
+
 def test_bf16_autocast_on_cpu_trains_like_float32(workdir):
     for dtype in ("float32", "bfloat16"):
         train(workdir, f"--out_dir=out_{dtype}", "--max_iters=30", "--eval_interval=30", f"--dtype={dtype}")
