@@ -153,9 +153,8 @@ class _ScaledNorm(torch.autograd.Function):
 
 
 class _SwiGLU(torch.autograd.Function):
-    """silu(gate) * up from the fused projection gate|up. It keeps only gate|up (autograd would keep gate,
-    silu(gate) and up) and writes the gradient of gate|up into one tensor (autograd would concatenate
-    two halves)."""
+    """silu(gate) * up from the fused projection gate|up. It keeps only gate|up for the backward; autograd
+    would keep gate, silu(gate) and up."""
 
     @staticmethod
     def forward(ctx, gate_up):
@@ -166,11 +165,7 @@ class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dh):
         gate, up = ctx.saved_tensors[0].chunk(2, dim=-1)
-        d_gate_up = torch.empty_like(ctx.saved_tensors[0])
-        d_gate, d_up = d_gate_up.chunk(2, dim=-1)
-        torch.mul(dh, F.silu(gate), out=d_up)
-        torch.ops.aten.silu_backward.grad_input(dh * up, gate, grad_input=d_gate)
-        return d_gate_up
+        return torch.cat((torch.ops.aten.silu_backward(dh * up, gate), dh * F.silu(gate)), dim=-1)
 
 
 def swiglu(gate_up):

@@ -80,3 +80,22 @@ def test_dnp_keeps_no_extra_activations():
     r_bytes = 4 * B * T * (3 * c.n_head + 2)     # float32 r per (token, head) of q, k, v and per (token, branch)
     u_bytes = 4 * (3 * c.n_embd + 2 * c.hidden)  # the vectors u of qkv and gate_up
     assert saved_bytes(dnp, idx) - saved_bytes(base, idx) == c.n_layer * (r_bytes + u_bytes)
+
+
+@pytest.mark.parametrize("kw", [{}, dict(sv_hetero=True, sv_placement="dnp", sv_reparam="or")], ids=["baseline", "unified"])
+def test_model_compiles_without_graph_breaks(kw):
+    """compile=True must compile the whole model, hand-written backward passes included (a graph break
+    silently falls back to eager); aot_eager traces forward and backward as inductor would, in seconds."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=16, vocab_size=50, vocab_pad=8, n_layer=2, n_head=2, n_embd=32, **kw))
+    idx = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(1))
+    losses, grads = [], []
+    for m in (model, torch.compile(model, backend="aot_eager", fullgraph=True)):
+        model.zero_grad()
+        loss = m(idx, idx)[1]
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append([p.grad.clone() for p in model.parameters()])
+    torch.testing.assert_close(losses[1], losses[0])
+    for a, b in zip(grads[1], grads[0]):
+        torch.testing.assert_close(a, b)
