@@ -91,3 +91,16 @@ def load_latest(out_dir, fallback=False):
             if not fallback or path == paths[-1]:
                 raise
             print(f"warning: {e}; trying the previous checkpoint")
+
+
+def restore_model(model, state, path):
+    """Load a checkpoint's weights into `model`; weights of another shape (another config, or a version
+    of model.py that named or sized a parameter differently) are one CheckpointError, not a traceback."""
+    own = model.state_dict()
+    wrong = [f"missing {k}" for k in own if k not in state] + [f"unexpected {k}" for k in state if k not in own] + \
+            [f"{k} is {tuple(state[k].shape)}, not {tuple(own[k].shape)}" for k in own if k in state and state[k].shape != own[k].shape]
+    if wrong:
+        shown = "; ".join(wrong[:3]) + (f"; and {len(wrong) - 3} more" if len(wrong) > 3 else "")
+        raise CheckpointError(f"checkpoint {path} does not fit this model ({shown}): it was written by another "
+                              "config or another version of model.py; use that code, or train into a new out_dir")
+    model.load_state_dict(state)

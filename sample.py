@@ -31,8 +31,13 @@ except (ConfigError, checkpoint.CheckpointError) as e:
 device = device or default_device()
 torch.manual_seed(seed)
 
-model = GPT(GPTConfig(**ckpt["model_args"]))
-model.load_state_dict(ckpt["model"])
+try:
+    model = GPT(GPTConfig(**ckpt["model_args"]))
+    checkpoint.restore_model(model, ckpt["model"], path)
+except (TypeError, ValueError) as e:   # model_args of another version of model.py
+    sys.exit(f"error: checkpoint {path} was written by another version of model.py ({e})")
+except checkpoint.CheckpointError as e:
+    sys.exit(f"error: {e}")
 model.eval().to(device)
 encode, decode = get_tokenizer(load_meta(os.path.join("data", ckpt["config"]["dataset"])))
 

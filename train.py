@@ -179,7 +179,10 @@ except ValueError as e:   # an unknown or contradictory scale-vector flag
 torch.manual_seed(seed)
 model = GPT(gpt_config).to(device)
 if ckpt:
-    model.load_state_dict(ckpt["model"])
+    try:
+        checkpoint.restore_model(model, ckpt["model"], ckpt_path)
+    except checkpoint.CheckpointError as e:
+        sys.exit(f"error: {e}")
 raw_model = model
 if master:
     print(f"model: {model.num_params() / 1e6:.2f}M parameters ({model.num_active_params() / 1e6:.2f}M active per token)")

@@ -103,6 +103,27 @@ def test_resume_with_another_model_lists_the_mismatched_keys(workdir, two_checkp
     assert p.returncode != 0 and all(k in p.stderr for k in ("n_embd", "sv_hetero", "optimizer")), p.stderr
 
 
+def test_a_checkpoint_of_another_model_version_is_one_clear_error(workdir, two_checkpoints):
+    """Weights renamed (as a later model.py might) or model_args with a key this model.py lacks: train.py and
+    sample.py stop with one sentence naming the file, and the checkpoint stays as it was."""
+    path = checkpoint.candidates(two_checkpoints)[0]
+    state = torch.load(path, weights_only=True)
+    state["model"]["blocks.0.attn.qkv.v.gain"] = state["model"].pop("blocks.0.attn.qkv.v.g")
+    torch.save(state, path)
+    size = os.path.getsize(path)
+    sample = lambda: subprocess.run([sys.executable, os.path.join(ROOT, "sample.py"), "--out_dir=out_two", "--max_new_tokens=2"],
+                                    cwd=workdir, env=ENV, capture_output=True, text=True, timeout=120)
+    for p in (train(workdir, "--out_dir=out_two", "--max_iters=6", "--init_from=resume", check=False), sample()):
+        last = p.stderr.strip().splitlines()[-1]
+        assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
+        assert os.path.basename(path) in last and "does not fit this model" in last and "blocks.0.attn.qkv.v.g" in last, last
+    assert os.path.getsize(path) == size
+    state["model_args"]["a_flag_of_another_version"] = True
+    torch.save(state, path)
+    p = sample()
+    assert p.returncode != 0 and "another version of model.py" in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
 def test_a_diverging_loss_stops_and_keeps_the_last_good_checkpoint(workdir, two_checkpoints):
     before = checkpoint.load_latest(two_checkpoints)
     p = train(workdir, "--out_dir=out_two", "--max_iters=40", "--eval_interval=2", "--init_from=resume",
