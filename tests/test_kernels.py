@@ -1,10 +1,10 @@
-"""The hand-written backward passes of model.py (_Norm, _ScaledNorm, _SwiGLU): exact gradients in
+"""The hand-written backward passes of model.py (_Norm, _ScaledNorm, _SwiGLU, _CrossEntropy): exact gradients in
 float64, bf16 accuracy against a float64 reference, and the activation memory DNP saves for backward."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-from model import GPT, GPTConfig, _Norm, _ScaledNorm, _SwiGLU
+from model import GPT, GPTConfig, _Norm, _ScaledNorm, _SwiGLU, cross_entropy
 
 
 def rand(*shape, seed=0, dtype=torch.float64):
@@ -99,3 +99,10 @@ def test_model_compiles_without_graph_breaks(kw):
     torch.testing.assert_close(losses[1], losses[0])
     for a, b in zip(grads[1], grads[0]):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("rows", [3, 1000], ids=["chunked", "one chunk"])
+def test_cross_entropy_equals_torch_and_its_gradient_is_exact(rows):
+    logits, targets = rand(7, 11), torch.tensor([3, -1, 0, 10, 5, -1, 2])
+    torch.testing.assert_close(cross_entropy(logits, targets, rows), F.cross_entropy(logits, targets, ignore_index=-1))
+    assert torch.autograd.gradcheck(lambda x: cross_entropy(x, targets, rows), (logits,))
