@@ -345,10 +345,11 @@ while True:
             save_checkpoint()
         break
 
-    lr = learning_rate * lr_factor(iter_num)
+    factor = lr_factor(iter_num)
+    lr = learning_rate * factor
     for opt in optimizers:
         for group in opt.param_groups:
-            group["lr"] = group["base_lr"] * lr_factor(iter_num)
+            group["lr"] = group["base_lr"] * factor
     step_loss = torch.zeros((), device=device)
     for micro in range(accum):
         x, y = train_batch(iter_num, micro)
