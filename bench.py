@@ -36,22 +36,23 @@ from configurator import ConfigError, configure
 from model import GPT, GPTConfig, default_device, peak_flops
 
 
-def train_defaults():
-    """train.py's config keys and defaults, read from its source (running it would train), so that
-    any config file of train.py is also a valid config file here."""
+def train_config_defaults():
+    """train.py's config keys and defaults: the assignments of its config block (above `config_keys = ...`)
+    and the fields of GPTConfig, read from its source (running it would train), so that any config file of
+    train.py is also a valid config file here, and its other names (ckpt, stop_signal...) are not keys."""
     with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")) as f:
         tree = ast.parse(f.read())
-    keys = {}
+    keys = {f.name: f.default for f in fields(GPTConfig)}
     for node in tree.body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            try:
-                keys[node.targets[0].id] = ast.literal_eval(node.value)
-            except ValueError:
-                pass
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            continue
+        if node.targets[0].id == "config_keys":
+            break
+        keys[node.targets[0].id] = ast.literal_eval(node.value)
     return keys
 
 
-defaults = {**train_defaults(), **{f.name: f.default for f in fields(GPTConfig)},
+defaults = {**train_config_defaults(),
             "steps": 20, "warmup": 5,       # measured steps, and unmeasured ones before them (compile, caches)
             "compare": "",                  # comma-separated: config files, "gpt2", or key=value[+key=value]
             "rounds": 3,                    # alternations of the compared configurations

@@ -1,33 +1,130 @@
 """
-Plot the metrics.jsonl of one or more runs of train.py into a PNG.
+Plots of train.py's metrics.jsonl: of single runs, and of reproduce.py's grids. Also the one
+reader of metrics.jsonl that reproduce.py and gpu_check.py use.
 
     python plot_metrics.py out/baseline_char out/unified_char --out=runs.png
+    python plot_metrics.py --grid=results/default        # redraw a grid's figures from its result.json files
 
-Left: validation loss over training, one line per run. Then, for each run: the mean of
+Runs: left, validation loss over training, one line per run. Then, for each run: the mean of
 every effective scale vector over training, one line per vector (layer and branch),
 coloured by depth: the growth the paper (section 2.2) calls self-amplifying. Last, for
 MoE runs: the coefficient of variation of the experts' load, per layer.
 """
 import argparse
+import glob
 import json
 import os
+import re
 
-import matplotlib
-
-matplotlib.use("Agg")   # files only, no window
-import matplotlib.pyplot as plt
+import numpy as np
 
 
-def read_evals(run_dir):
+def read_metrics(run_dir, kind="eval"):
+    """The records of one kind ("eval" or "train") in run_dir/metrics.jsonl, in order; [] if there is none."""
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.exists(path):
-        raise SystemExit(f"error: {path} does not exist: is {run_dir} the out_dir of a train.py run?")
+        return []
     with open(path) as f:
-        return [r for r in map(json.loads, f) if r["kind"] == "eval"]
+        return [r for r in map(json.loads, f) if r["kind"] == kind]
+
+
+def pyplot():
+    import matplotlib
+    matplotlib.use("Agg")   # files only, no window; imported here so that reading metrics stays light
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def root_of(grid, name):
+    by = {v.name: v for v in grid}
+    while by.get(name) and by[name].baseline in by:
+        name = by[name].baseline
+    return name
+
+
+def plot_grid(out, grid, results):
+    """reproduce.py's three figures of a grid, from its results ({variant: {seed: result.json}}): val_loss.png
+    (each baseline's group, mean and min-max over seeds), diff_vs_baseline.png (paired differences) and
+    scale_vectors.png (the growth of every effective vector, paper 2.2)."""
+    plt = pyplot()
+    have = [v for v in grid if results.get(v.name)]
+    groups = {}
+    for v in have:
+        groups.setdefault(root_of(grid, v.name), []).append(v)
+
+    def curves(name, seeds=None):   # iters, (seeds x iters) val loss
+        res = results[name]
+        seeds = sorted(res) if seeds is None else seeds
+        its = sorted(set.intersection(*(set(i for i, _ in res[s]["curve"]) for s in seeds)))
+        return np.array(its), np.array([[dict(map(tuple, res[s]["curve"]))[i] for i in its] for s in seeds])
+
+    def panels(n):   # up to 3 a row; unused ones hidden
+        cols = min(n, 3)
+        fig, axes = plt.subplots(-(-n // cols), cols, figsize=(5.5 * cols, 4 * -(-n // cols)), squeeze=False)
+        for ax in axes.flat[n:]:
+            ax.set_visible(False)
+        return fig, axes.flat
+
+    fig, axes = panels(len(groups))
+    for ax, (root, vs) in zip(axes, groups.items()):
+        tail = []
+        for v in vs:
+            its, ys = curves(v.name)
+            line, = ax.plot(its, ys.mean(0), label=f"{v.name} (n={len(ys)})", lw=1)
+            ax.fill_between(its, ys.min(0), ys.max(0), color=line.get_color(), alpha=0.2)
+            tail += list(ys.mean(0)[its >= its[-1] * 0.3])
+        if tail:
+            ax.set_ylim(min(tail) - 0.02, max(tail) + 0.02)
+        ax.set(xlabel="iteration", ylabel="validation loss", title=f"{root} group: mean, min-max over seeds")
+        ax.legend(fontsize=7)
+    fig.tight_layout(), fig.savefig(os.path.join(out, "val_loss.png"), dpi=80), plt.close(fig)
+
+    paired = {root: [v for v in vs if v.baseline and results.get(v.baseline)] for root, vs in groups.items()}
+    paired = {k: vs for k, vs in paired.items() if vs}
+    fig, axes = panels(max(len(paired), 1))
+    for ax, (root, vs) in zip(axes, paired.items()):
+        for v in vs:
+            seeds = sorted(set(results[v.name]) & set(results[v.baseline]))
+            its, ys = curves(v.name, seeds)
+            its_b, yb = curves(v.baseline, seeds)
+            common = np.intersect1d(its, its_b)
+            d = ys[:, np.isin(its, common)] - yb[:, np.isin(its_b, common)]
+            line, = ax.plot(common, d.mean(0), label=f"{v.name} - {v.baseline} (n={len(seeds)})", lw=1)
+            if len(seeds) > 1:
+                ax.fill_between(common, d.mean(0) - d.std(0, ddof=1), d.mean(0) + d.std(0, ddof=1), color=line.get_color(), alpha=0.2)
+        ax.axhline(0, color="k", lw=0.5)
+        ax.set(xlabel="iteration", ylabel="paired val loss difference", title=f"{root} group: mean ± std over seeds")
+        ax.legend(fontsize=7)
+    fig.tight_layout(), fig.savefig(os.path.join(out, "diff_vs_baseline.png"), dpi=80), plt.close(fig)
+
+    shown = [n for n in ("baseline", "unified") if results.get(n)] or [v.name for v in have[:2]]
+    fig, axes = panels(len(shown))
+    for ax, name in zip(axes, shown):
+        res = results[name]
+        its = np.array([i for i, _ in next(iter(res.values()))["curve"]])
+        names = list(next(iter(res.values()))["sv_means"])
+        n_layer = 1 + max([int(m) for n in names for m in re.findall(r"blocks\.(\d+)\.", n)] or [0])
+        labelled = set()
+        for n in names:
+            ys = np.mean([r["sv_means"][n] for r in res.values() if len(r["sv_means"].get(n, [])) == len(its)], axis=0)
+            layer = re.findall(r"blocks\.(\d+)\.", n)
+            label = f"layer {layer[0]}" if layer else "final norm"
+            ax.plot(its[: len(ys)], ys, lw=0.8, label=None if label in labelled else label,
+                    color=plt.get_cmap("viridis")(int(layer[0]) / max(n_layer - 1, 1)) if layer else "r")
+            labelled.add(label)
+        ax.set(xlabel="iteration", ylabel="mean of each effective vector (over seeds)",
+               title=f"{name}: {len(names)} vectors, coloured by layer")
+        ax.legend(fontsize=7)
+    fig.tight_layout(), fig.savefig(os.path.join(out, "scale_vectors.png"), dpi=80), plt.close(fig)
 
 
 def plot_runs(run_dirs, out):
-    runs = {os.path.basename(os.path.normpath(d)): read_evals(d) for d in run_dirs}
+    plt = pyplot()
+    runs = {os.path.basename(os.path.normpath(d)): read_metrics(d) for d in run_dirs}
+    for d, evals in zip(run_dirs, runs.values()):
+        if not evals:
+            raise SystemExit(f"error: {d} holds no evaluation in metrics.jsonl: give the out_dir of a train.py run "
+                             "that reached its first evaluation")
     moe = any(r.get("moe") for evals in runs.values() for r in evals)
     fig, axes = plt.subplots(1, 1 + len(runs) + moe, figsize=(5 * (1 + len(runs) + moe), 4), squeeze=False)
     ax = axes[0, 0]
@@ -54,12 +151,40 @@ def plot_runs(run_dirs, out):
                title=f"{name}: {len(names)} scale vectors" if names else f"{name}: no scale vectors")
     fig.tight_layout()
     fig.savefig(out, dpi=100)
+    plt.close(fig)
     print(f"wrote {out}")
+
+
+def grid_results(results_dir):
+    """{variant: {seed: result}} of every result.json under results_dir/runs, and the variants as plot_grid
+    wants them (baselines read from summary.json when there is one)."""
+    from collections import namedtuple
+    V = namedtuple("V", "name baseline")
+    results = {}
+    for path in sorted(glob.glob(os.path.join(results_dir, "runs", "*", "seed*", "result.json"))):
+        with open(path) as f:
+            r = json.load(f)
+        results.setdefault(r["variant"], {})[r["seed"]] = r
+    base = {}
+    if os.path.exists(os.path.join(results_dir, "summary.json")):
+        with open(os.path.join(results_dir, "summary.json")) as f:
+            base = {row["variant"]: row["baseline"] for row in json.load(f)["rows"]}
+    return [V(n, base.get(n)) for n in results], results
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    parser.add_argument("runs", nargs="+", help="out_dir folders of train.py runs")
+    parser.add_argument("runs", nargs="*", help="out_dir folders of train.py runs")
     parser.add_argument("--out", default="metrics.png")
+    parser.add_argument("--grid", help="a results folder of reproduce.py: redraw its three figures there")
     args = parser.parse_args()
-    plot_runs(args.runs, args.out)
+    if args.grid:
+        grid, results = grid_results(args.grid)
+        if not results:
+            raise SystemExit(f"error: {args.grid} holds no runs/*/seed*/result.json: give a results folder of reproduce.py")
+        plot_grid(args.grid, grid, results)
+        print(f"wrote {args.grid}/val_loss.png, diff_vs_baseline.png and scale_vectors.png")
+    elif args.runs:
+        plot_runs(args.runs, args.out)
+    else:
+        parser.error("give run folders, or --grid=RESULTS_DIR")

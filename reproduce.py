@@ -1,20 +1,36 @@
 """
-Reproduce the paper's claims at CPU size: a grid of variants x seeds of train.py on Tiny
-Shakespeare, compared to their baselines seed by seed (a seed fixes the initialization and
-the batch order, identically across variants), with a summary and plots in results/<grid>/.
+Reproduce the paper's claims: a grid of variants x seeds of train.py, each compared to its
+baseline seed by seed (a seed fixes the initialization and the batch order, identically across
+variants), with a summary and plots in results/<grid>/.
+
+CPU grids (Tiny Shakespeare, several single-process runs at a time):
 
     python reproduce.py                          # the default grid, 3 seeds, 2 runs at a time
     python reproduce.py --dry_run                # list the runs and the time estimate
     python reproduce.py --variants=noscale,unified --seeds=5   # a subset (their baselines come along)
+    python reproduce.py --add='wide:config/unified_char.py:--n_embd=192,--n_head=6'   # try an idea
 
-Stop it at any time and start it again: finished runs (result.json) are skipped, failed or
-interrupted ones are run again from scratch.
+Node grids (FineWeb-Edu, 124M/350M, one run at a time through torchrun on all GPUs):
+
+    python reproduce.py --grid=node --nproc_per_node=8 --seeds=1 --dry_run   # runs and time estimate
+    python reproduce.py --grid=node --nproc_per_node=8 --tokens=2.5e9 --seeds=1
+
+Stop it at any time and start it again: finished runs (result.json) are skipped, interrupted ones
+resume from their newest checkpoint (train.py --init_from=resume), failed ones are reported with
+their last log line and run again next time. A folder holds one configuration: a run whose
+settings differ from the results already there is refused unless --replace (or another --results_dir);
+adding seeds or variants to it is not a change. The summary always covers the whole grid, from
+every result of that configuration in the folder.
 """
 import argparse
+import functools
+import glob
 import json
+import math
 import os
 import re
 import shlex
+import socket
 import subprocess
 import sys
 import time
@@ -22,6 +38,8 @@ from collections import namedtuple
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import numpy as np
+
+from plot_metrics import read_metrics
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -46,14 +64,16 @@ UNIFIED = "unified (HG+DNP+OR+IWD) lowers the loss (~0.04, dense and MoE, 0.12B-
 MUON_WSD = "unified still wins under Muon / WSD: a further 0.016-0.019 (0.5B, dense and MoE)"
 
 
-def default_grid():
-    v = [Variant("baseline", "config/baseline_char.py", [], None, "", 0),
-         Variant("noscale", "config/noscale_char.py", [], "baseline",
+def default_grid(size="char"):
+    """The 17 variants of the CPU grid; size="124m" gives the same variants at the paper's 0.12B."""
+    c = lambda name: f"config/{name}_{size}.py"
+    v = [Variant("baseline", c("baseline"), [], None, "", 0),
+         Variant("noscale", c("noscale"), [], "baseline",
                  "removing scale vectors raises the loss (+0.028 at the same lr, 0.12B; Fig. 1)", +1),
-         Variant("gemma_none", "config/gemma_none_char.py", [], None, "", 0),
-         Variant("gemma_iwd", "config/gemma_iwd_char.py", [], "gemma_none",
+         Variant("gemma_none", c("gemma_none"), [], None, "", 0),
+         Variant("gemma_iwd", c("gemma_iwd"), [], "gemma_none",
                  "IWD beats no decay on scale vectors (Gemma-0.5B, QK-norm + post-norm; 2.2)", -1),
-         Variant("gemma_all", "config/gemma_all_char.py", [], "gemma_iwd",
+         Variant("gemma_all", c("gemma_all"), [], "gemma_iwd",
                  "decaying Output-Norm vectors too is worse than IWD (Gemma-0.5B; 2.2)", +1)]
     for name, claim in [("hetero", "HG: branch-specific vectors lower the loss (3.1)"),
                         ("dp", "DP: the loss descends at least as fast (3.2, Thm 3.1)"),
@@ -61,60 +81,212 @@ def default_grid():
                         ("or", "OR: magnitude-direction reparameterization lowers the loss (3.3)"),
                         ("er", "ER: exponential reparameterization lowers the loss (3.3)"),
                         ("unified", UNIFIED)]:
-        v.append(Variant(name, f"config/{name}_char.py", [], "baseline", claim, -1))
+        v.append(Variant(name, c(name), [], "baseline", claim, -1))
     for tag, flag in [("muon", "--optimizer=muon"), ("wsd", "--lr_schedule=wsd")]:
-        v += [Variant(f"baseline_{tag}", "config/baseline_char.py", [flag], None, "", 0),
-              Variant(f"unified_{tag}", "config/unified_char.py", [flag], f"baseline_{tag}", MUON_WSD, -1)]
-    if all(os.path.exists(os.path.join(ROOT, f"config/moe_{k}_char.py")) for k in ("baseline", "unified")):
-        v += [Variant("moe_baseline", "config/moe_baseline_char.py", [], None, "", 0),
-              Variant("moe_unified", "config/moe_unified_char.py", [], "moe_baseline", UNIFIED, -1)]
+        v += [Variant(f"baseline_{tag}", c("baseline"), [flag], None, "", 0),
+              Variant(f"unified_{tag}", c("unified"), [flag], f"baseline_{tag}", MUON_WSD, -1)]
+    if all(os.path.exists(os.path.join(ROOT, c(f"moe_{k}"))) for k in ("baseline", "unified")):
+        v += [Variant("moe_baseline", c("moe_baseline"), [], None, "", 0),
+              Variant("moe_unified", c("moe_unified"), [], "moe_baseline", UNIFIED, -1)]
     return v
 
 
-GRIDS = {"default": default_grid, "core": lambda: [v for v in default_grid() if v.name in ("baseline", "noscale", "unified")]}
+def core(grid):
+    return [v for v in grid if v.name in ("baseline", "noscale", "unified")]
+
+
+def node_grid(fn):
+    """Marks a grid as a node grid: its runs go through torchrun, one at a time on all GPUs, sized by --tokens."""
+    fn.node = True
+    return fn
+
+
+SCALE = "the gain of unified holds, or grows, with scale (0.12B to 2B; 4)"
+
+
+@node_grid
+def node_350m():
+    """Both sizes, so a node can check that unified's gain holds at GPT-2 medium's size too."""
+    return [Variant("baseline", "config/baseline_124m.py", [], None, "", 0),
+            Variant("unified", "config/unified_124m.py", [], "baseline", UNIFIED, -1),
+            Variant("baseline_350m", "config/baseline_350m.py", [], None, "", 0),
+            Variant("unified_350m", "config/unified_350m.py", [], "baseline_350m", SCALE, -1)]
+
+
+GRIDS = {"default": default_grid, "core": lambda: core(default_grid()),
+         # the paper's 0.12B table on one node: baseline, noscale, unified; node_full: every variant
+         "node": node_grid(lambda: core(default_grid("124m"))), "node_full": node_grid(lambda: default_grid("124m")),
+         "node_350m": node_350m}
+
+
+def is_node_grid(grids, name):
+    return getattr(grids[name], "node", False)
+
+
+def parse_added(spec, grid):
+    """--add=NAME:CONFIG[:OVERRIDES[:BASELINE]]: a variant from the command line. OVERRIDES are train.py's
+    --key=value, separated by commas or spaces; BASELINE defaults to the grid's `baseline` ("none": unpaired)."""
+    name, config, overrides, baseline = (spec.split(":", 3) + ["", ""])[:4]
+    names = {v.name for v in grid}
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name in names:
+        raise SystemExit(f"error: --add={spec}: NAME must be new to the grid and made of letters, digits, _ . - "
+                         f"(the grid has {sorted(names)})")
+    if not os.path.isfile(os.path.join(ROOT, config)):
+        raise SystemExit(f"error: --add={spec}: config file {config!r} not found (give a path relative to the repo, "
+                         "e.g. config/unified_char.py)")
+    baseline = None if baseline == "none" else baseline or ("baseline" if "baseline" in names else None)
+    if baseline and baseline not in names:
+        raise SystemExit(f"error: --add={spec}: baseline {baseline!r} is not in the grid; name one of {sorted(names)} or none")
+    overrides = [o for o in re.split(r"[,\s]+", overrides) if o]
+    if any(not o.startswith("--") or "=" not in o for o in overrides):
+        raise SystemExit(f"error: --add={spec}: overrides must be train.py's --key=value, separated by commas")
+    return Variant(name, config, overrides, baseline, "(added on the command line)", 0)
+
+
+# ---- sizing of runs ----------------------------------------------------------------------------------
+def run_args(v, max_iters, extra, seed, run_dir, tokens=None, node=False):
+    """train.py's arguments for one run (without --init_from): the schedule, the variant's overrides, the
+    grid's extra overrides, seed and out_dir. A CPU grid's variant may bring its own --max_iters (and so its
+    schedule); a node run is sized by `tokens` (None: its config's own budget)."""
+    if node:
+        return [*node_sizing(v.config, tuple(v.overrides + extra), tokens)[0], *v.overrides, *extra,
+                f"--seed={seed}", f"--out_dir={run_dir}"]
+    own = [o for o in v.overrides if o.startswith("--max_iters=")]
+    iters = int(own[-1].split("=")[1]) if own else max_iters
+    rest = [o for o in v.overrides if not o.startswith("--max_iters=")]
+    return [*sizing(iters), *rest, *extra, f"--seed={seed}", f"--out_dir={run_dir}"]
+
+
+@functools.lru_cache(maxsize=None)
+def train_config(config, overrides=()):
+    """train.py's config for a config file and overrides, as train.py would see it (without running it)."""
+    from bench import train_config_defaults
+    from configurator import ConfigError, configure
+    try:
+        return configure(train_config_defaults(), [os.path.join(ROOT, config), *overrides])
+    except ConfigError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+@functools.lru_cache(maxsize=None)
+def node_sizing(config, overrides=(), tokens=None):
+    """(schedule arguments, tokens) of a node run of `tokens` tokens: max_iters from the config's tokens per
+    iteration (gradient_accumulation_steps x batch_size x block_size, over all GPUs); warmup and decay scale
+    with it, as fractions of the config's own schedule (700 of 19,073 iterations for 10B tokens at 124M), so a
+    shorter run is the same recipe, compressed; an evaluation (and checkpoint) at least every tenth of the run."""
+    cfg = train_config(config, overrides)
+    per_iter = cfg["gradient_accumulation_steps"] * cfg["batch_size"] * cfg["block_size"]
+    iters = max(1, math.ceil(tokens / per_iter)) if tokens else cfg["max_iters"]
+    scale = iters / cfg["max_iters"]
+    return ([f"--max_iters={iters}", f"--lr_decay_iters={max(1, round((cfg['lr_decay_iters'] or cfg['max_iters']) * scale))}",
+             f"--warmup_iters={round(cfg['warmup_iters'] * scale)}",
+             f"--eval_interval={max(1, min(cfg['eval_interval'], iters // 10))}", "--keep_checkpoints=2"], iters * per_iter)
+
+
+# Without a measured --tokens_per_s, a node's throughput is assumed: this fraction of the bf16 dense peak of
+# its GPUs (model.peak_flops' table; H100 when this machine has none). nanoGPT's 124M reaches about 40% on
+# A100s with torch.compile; measure yours with `python gpu_check.py` (or bench.py) and pass it instead.
+ASSUMED_MFU = 0.40
+
+
+@functools.lru_cache(maxsize=None)
+def flops_per_token(config, overrides=()):
+    import torch
+    from dataclasses import fields
+    from model import GPT, GPTConfig
+    cfg = train_config(config, overrides)
+    with torch.device("meta"):   # sizes only: no memory, no initialization
+        model = GPT(GPTConfig(**{f.name: cfg[f.name] for f in fields(GPTConfig) if f.name != "vocab_size"}))
+    return model.flops_per_token()
+
+
+def node_estimate(todo, tokens_per_s, gpus, extra):
+    """(seconds, how) for the node runs in todo: from the given tokens/s, or from ASSUMED_MFU."""
+    if tokens_per_s:
+        return sum(n for _, n in todo) / tokens_per_s, f"at the given {tokens_per_s:,.0f} tokens/s"
+    import torch
+    from model import GPU_PEAK_FLOPS, peak_flops
+    if torch.cuda.is_available():
+        peak, gpu = peak_flops(torch.device("cuda")), torch.cuda.get_device_name()
+    else:
+        peak, gpu = GPU_PEAK_FLOPS["H100"], "H100 (assumed: no GPU on this machine)"
+    secs = sum(n * flops_per_token(v.config, tuple(v.overrides + extra)) / (ASSUMED_MFU * peak * gpus) for v, n in todo)
+    return secs, (f"assuming {ASSUMED_MFU:.0%} MFU on {gpus} x {gpu} at {peak / 1e12:.0f} TFLOP/s bf16 each; "
+                  "measure with `python gpu_check.py` and pass --tokens_per_s for a better one")
 
 
 # ---- runs -------------------------------------------------------------------------------------------
-def read_evals(out_dir):
-    path = os.path.join(out_dir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [r for r in map(json.loads, f) if r["kind"] == "eval"]
+def load_json(path):
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
 
 
-def run_one(v, seed, args_list, out_dir, env):
-    """Train one (variant, seed); return its result dict, or raise RuntimeError with the reason."""
+def load_result(run_dir):
+    return load_json(os.path.join(run_dir, "result.json"))
+
+
+def write_json(path, obj):
+    tmp = f"{path}.tmp{socket.gethostname()}.{os.getpid()}"   # nodes sharing a folder never share a temp file
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)
+
+
+def checkpoints(run_dir):
+    return sorted(glob.glob(os.path.join(run_dir, "ckpt_*.pt"))) + glob.glob(os.path.join(run_dir, "latest"))
+
+
+def resumable(run_dir, args_list):
+    """True if run_dir holds a checkpoint of an interrupted run with exactly these arguments."""
+    return (load_json(os.path.join(run_dir, "run.json")) or {}).get("args") == args_list and \
+        os.path.exists(os.path.join(run_dir, "latest"))
+
+
+def run_one(v, seed, args_list, out_dir, env, torchrun=None):
+    """Train one (variant, seed), resuming its interrupted run if there is one; return its result dict (None
+    when the run finished on another node, whose rank 0 holds the metrics), or raise RuntimeError with the reason.
+    torchrun: None runs one process; else torchrun's own arguments (--nproc_per_node=8 ...)."""
     os.makedirs(out_dir, exist_ok=True)
-    cmd = [sys.executable, os.path.join(ROOT, "train.py"), os.path.join(ROOT, v.config), *args_list]
+    state_path, log_path = os.path.join(out_dir, "run.json"), os.path.join(out_dir, "train.log")
+    resume = resumable(out_dir, args_list)
+    wall_before = (load_json(state_path) or {}).get("wall_s", 0) if resume else 0
+    if not resume:   # checkpoints of other settings must not be resumed later
+        for f in checkpoints(out_dir):
+            os.remove(f)
+        write_json(state_path, {"args": args_list, "wall_s": 0})
+    launch = [sys.executable] if torchrun is None else [sys.executable, "-m", "torch.distributed.run", *torchrun]
+    cmd = [*launch, os.path.join(ROOT, "train.py"), os.path.join(ROOT, v.config), *args_list,
+           *(["--init_from=resume"] if resume else [])]
     t0 = time.time()
-    with open(os.path.join(out_dir, "train.log"), "w") as log:
+    with open(log_path, "a" if resume else "w") as log:
+        if resume:
+            log.write(f"\n---- reproduce.py: resuming: {shlex.join(cmd)}\n")
+            log.flush()
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
-    wall = time.time() - t0
-    evals = read_evals(out_dir)
+    wall = wall_before + time.time() - t0
+    write_json(state_path, {"args": args_list, "wall_s": wall})
+    evals = read_metrics(out_dir)
     max_iters = int(re.findall(r"--max_iters=(\d+)", " ".join(args_list))[-1])
+    if rc == 0 and not evals and torchrun and any(a.startswith("--node_rank=") and a != "--node_rank=0" for a in torchrun):
+        return None
     if rc != 0 or not evals or evals[-1]["iter"] != max_iters:
-        with open(os.path.join(out_dir, "train.log")) as f:
+        with open(log_path) as f:
             last = (f.read().strip().splitlines() or ["(no output)"])[-1]
         raise RuntimeError(f"exit {rc}, {'stopped at iteration ' + str(evals[-1]['iter']) if evals else 'no evaluation'}: {last}")
     names = list(evals[-1].get("scale_vectors", {}))
     return {"variant": v.name, "seed": seed, "config": v.config, "args": args_list, "val_loss": evals[-1]["val_loss"],
             "train_loss": evals[-1]["train_loss"], "curve": [[r["iter"], r["val_loss"]] for r in evals], "wall_s": wall,
             "scale_vectors": evals[-1].get("scale_vectors", {}),
-            "sv_means": {n: [r["scale_vectors"][n][0] for r in evals if n in r.get("scale_vectors", {})] for n in names}}
+            "sv_means": {n: [r["scale_vectors"][n][0] for r in evals if n in r.get("scale_vectors", {})] for n in names},
+            **({"resumed": True} if resume else {})}
 
 
-def load_result(run_dir):
-    path = os.path.join(run_dir, "result.json")
-    if os.path.exists(path):
-        with open(path) as f:
-            return json.load(f)
-
-
-def write_json(path, obj):
-    with open(path + ".tmp", "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(path + ".tmp", path)
+def finish(d, res, keep):
+    write_json(os.path.join(d, "result.json"), res)
+    if not keep:   # a CPU run's checkpoint is ~10 MB; result.json and metrics.jsonl hold what is reported
+        for f in checkpoints(d):
+            os.remove(f)
 
 
 # ---- summary and plots ------------------------------------------------------------------------------
@@ -162,169 +334,178 @@ def write_summary(out, rows, header):
         f.write("\n".join(lines) + "\n")
 
 
-def root_of(grid, name):
-    by = {v.name: v for v in grid}
-    while by.get(name) and by[name].baseline in by:
-        name = by[name].baseline
-    return name
-
-
-def plot(out, grid, results):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    have = [v for v in grid if results.get(v.name)]
-    groups = {}
-    for v in have:
-        groups.setdefault(root_of(grid, v.name), []).append(v)
-
-    def curves(name, seeds=None):   # iters, (seeds x iters) val loss
-        res = results[name]
-        seeds = sorted(res) if seeds is None else seeds
-        its = sorted(set.intersection(*(set(i for i, _ in res[s]["curve"]) for s in seeds)))
-        return np.array(its), np.array([[dict(map(tuple, res[s]["curve"]))[i] for i in its] for s in seeds])
-
-    def panels(n):   # up to 3 a row; unused ones hidden
-        cols = min(n, 3)
-        fig, axes = plt.subplots(-(-n // cols), cols, figsize=(5.5 * cols, 4 * -(-n // cols)), squeeze=False)
-        for ax in axes.flat[n:]:
-            ax.set_visible(False)
-        return fig, axes.flat
-
-    fig, axes = panels(len(groups))
-    for ax, (root, vs) in zip(axes, groups.items()):
-        tail = []
-        for v in vs:
-            its, ys = curves(v.name)
-            line, = ax.plot(its, ys.mean(0), label=f"{v.name} (n={len(ys)})", lw=1)
-            ax.fill_between(its, ys.min(0), ys.max(0), color=line.get_color(), alpha=0.2)
-            tail += list(ys.mean(0)[its >= its[-1] * 0.3])
-        if tail:
-            ax.set_ylim(min(tail) - 0.02, max(tail) + 0.02)
-        ax.set(xlabel="iteration", ylabel="validation loss", title=f"{root} group: mean, min-max over seeds")
-        ax.legend(fontsize=7)
-    fig.tight_layout(), fig.savefig(os.path.join(out, "val_loss.png"), dpi=80), plt.close(fig)
-
-    paired = {root: [v for v in vs if v.baseline and results.get(v.baseline)] for root, vs in groups.items()}
-    paired = {k: vs for k, vs in paired.items() if vs}
-    fig, axes = panels(max(len(paired), 1))
-    for ax, (root, vs) in zip(axes, paired.items()):
-        for v in vs:
-            seeds = sorted(set(results[v.name]) & set(results[v.baseline]))
-            its, ys = curves(v.name, seeds)
-            its_b, yb = curves(v.baseline, seeds)
-            common = np.intersect1d(its, its_b)
-            d = ys[:, np.isin(its, common)] - yb[:, np.isin(its_b, common)]
-            line, = ax.plot(common, d.mean(0), label=f"{v.name} - {v.baseline} (n={len(seeds)})", lw=1)
-            if len(seeds) > 1:
-                ax.fill_between(common, d.mean(0) - d.std(0, ddof=1), d.mean(0) + d.std(0, ddof=1), color=line.get_color(), alpha=0.2)
-        ax.axhline(0, color="k", lw=0.5)
-        ax.set(xlabel="iteration", ylabel="paired val loss difference", title=f"{root} group: mean ± std over seeds")
-        ax.legend(fontsize=7)
-    fig.tight_layout(), fig.savefig(os.path.join(out, "diff_vs_baseline.png"), dpi=80), plt.close(fig)
-
-    shown = [n for n in ("baseline", "unified") if results.get(n)] or [v.name for v in have[:2]]
-    fig, axes = panels(len(shown))
-    for ax, name in zip(axes, shown):
-        res = results[name]
-        its = np.array([i for i, _ in next(iter(res.values()))["curve"]])
-        names = list(next(iter(res.values()))["sv_means"])
-        n_layer = 1 + max([int(m) for n in names for m in re.findall(r"blocks\.(\d+)\.", n)] or [0])
-        labelled = set()
-        for n in names:
-            ys = np.mean([r["sv_means"][n] for r in res.values() if len(r["sv_means"].get(n, [])) == len(its)], axis=0)
-            layer = re.findall(r"blocks\.(\d+)\.", n)
-            label = f"layer {layer[0]}" if layer else "final norm"
-            ax.plot(its[: len(ys)], ys, lw=0.8, label=None if label in labelled else label,
-                    color=plt.get_cmap("viridis")(int(layer[0]) / max(n_layer - 1, 1)) if layer else "r")
-            labelled.add(label)
-        ax.set(xlabel="iteration", ylabel="mean of each effective vector (over seeds)",
-               title=f"{name}: {len(names)} vectors, coloured by layer")
-        ax.legend(fontsize=7)
-    fig.tight_layout(), fig.savefig(os.path.join(out, "scale_vectors.png"), dpi=80), plt.close(fig)
-
-
 # ---- main -------------------------------------------------------------------------------------------
+def torchrun_args(a):
+    """torchrun's own arguments: one node (--standalone), static multi-node, or a rendezvous endpoint."""
+    n = [f"--nproc_per_node={a.nproc_per_node}"]
+    if a.rdzv_endpoint:
+        return [*n, f"--nnodes={a.nnodes}", f"--rdzv_backend={a.rdzv_backend}", f"--rdzv_endpoint={a.rdzv_endpoint}",
+                f"--rdzv_id={a.rdzv_id}"]
+    if a.nnodes != "1":
+        return [*n, f"--nnodes={a.nnodes}", f"--node_rank={a.node_rank}", f"--master_addr={a.master_addr}",
+                f"--master_port={a.master_port}"]
+    return [*n, "--standalone"]
+
+
+def conflicts(jobs):
+    """Runs that would overwrite a finished or resumable run of other settings: [(run_dir, old args, new args)]."""
+    out = []
+    for v, seed, args_list, run_dir, done in jobs:
+        old = (load_result(run_dir) or {}).get("args")
+        if old is None and checkpoints(run_dir):
+            old = (load_json(os.path.join(run_dir, "run.json")) or {}).get("args")
+        if not done and old is not None and old != args_list:
+            out.append((run_dir, old, args_list))
+    return out
+
+
 def main(argv=None, grids=GRIDS):
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     p.add_argument("--grid", default="default", choices=sorted(grids))
     p.add_argument("--variants", default="", help="comma-separated subset of the grid (their baselines are added)")
+    p.add_argument("--add", action="append", default=[], metavar="NAME:CONFIG[:OVERRIDES[:BASELINE]]",
+                   help="a new variant, e.g. 'wide:config/unified_char.py:--n_embd=192,--n_head=6' (paired with "
+                        "the grid's baseline unless BASELINE is given, or none); repeatable")
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--jobs", type=int, default=2, help="runs at a time; each gets cpu_count // jobs threads")
-    p.add_argument("--max_iters", type=int, default=MAX_ITERS)
     p.add_argument("--extra", default="", help='more train.py overrides for every run, e.g. "--dataset=tiny --n_layer=2"')
     p.add_argument("--results_dir", default="", help="default: results/<grid>")
-    p.add_argument("--keep_checkpoints", action="store_true", help="keep each finished run's last checkpoint")
-    p.add_argument("--dry_run", action="store_true")
+    p.add_argument("--replace", action="store_true", help="run over results of other settings in the folder")
+    p.add_argument("--keep_checkpoints", action="store_true", help="keep each finished run's checkpoints (always on a node grid)")
+    p.add_argument("--dry_run", action="store_true", help="list the runs and the time estimate, run nothing")
+    cpu = p.add_argument_group("CPU grids: several single-process runs at a time")
+    cpu.add_argument("--jobs", type=int, default=2, help="runs at a time; each gets cpu_count // jobs threads")
+    cpu.add_argument("--max_iters", type=int, default=MAX_ITERS)
+    node = p.add_argument_group("node grids: one run at a time through torchrun, on all GPUs")
+    node.add_argument("--launcher", choices=["local", "torchrun"], help="default: torchrun for node grids, local otherwise")
+    node.add_argument("--tokens", type=float, help="tokens per run (default: the configs' own, 10B)")
+    node.add_argument("--tokens_per_s", type=float, help="the node's measured training tokens/s, for --dry_run's estimate")
+    node.add_argument("--nproc_per_node", type=int, default=1, help="GPUs per node: processes per run")
+    node.add_argument("--nnodes", default="1")
+    node.add_argument("--node_rank", type=int, default=0)
+    node.add_argument("--master_addr", default="127.0.0.1")
+    node.add_argument("--master_port", type=int, default=29500)
+    node.add_argument("--rdzv_backend", default="c10d")
+    node.add_argument("--rdzv_endpoint", default="", help="host:port: a rendezvous instead of --master_addr")
+    node.add_argument("--rdzv_id", default="reproduce")
     a = p.parse_args(argv)
-    grid = grids[a.grid]() if callable(grids[a.grid]) else list(grids[a.grid])
+    full = grids[a.grid]() if callable(grids[a.grid]) else list(grids[a.grid])
+    for spec in a.add:
+        full.append(parse_added(spec, full))
+    grid = full
     if a.variants:
         want = set(a.variants.split(","))
-        if want - {v.name for v in grid}:
-            p.error(f"unknown variants {sorted(want - {v.name for v in grid})}; the grid has {[v.name for v in grid]}")
-        want |= {v.baseline for v in grid if v.name in want and v.baseline}
-        grid = [v for v in grid if v.name in want]
+        if want - {v.name for v in full}:
+            p.error(f"unknown variants {sorted(want - {v.name for v in full})}; the grid has {[v.name for v in full]}")
+        want |= {v.baseline for v in full if v.name in want and v.baseline} | {s.split(":")[0] for s in a.add}
+        grid = [v for v in full if v.name in want]
+    torchrun = torchrun_args(a) if (a.launcher or ("torchrun" if is_node_grid(grids, a.grid) else "local")) == "torchrun" else None
+    node = is_node_grid(grids, a.grid)
     out = a.results_dir or os.path.join("results", a.grid)
     extra = shlex.split(a.extra)
+    tokens = int(a.tokens) if a.tokens else None
+
+    def args_for(v, seed):
+        return run_args(v, a.max_iters, extra, seed, os.path.join(out, "runs", v.name, f"seed{seed}"), tokens, node)
+
     jobs = []
     for seed in range(1, a.seeds + 1):   # seed by seed: an interrupted grid still has whole seeds
         for v in grid:
             run_dir = os.path.join(out, "runs", v.name, f"seed{seed}")
-            args_list = [*sizing(a.max_iters), *v.overrides, *extra, f"--seed={seed}", f"--out_dir={run_dir}"]
-            done = (load_result(run_dir) or {}).get("args") == args_list
-            jobs.append((v, seed, args_list, run_dir, done))
+            args_list = args_for(v, seed)
+            jobs.append((v, seed, args_list, run_dir, (load_result(run_dir) or {}).get("args") == args_list))
+    clash = conflicts(jobs)
+    if clash and not a.replace:
+        run_dir, old, new = clash[0]
+        was, now = [x for x in old if x not in new], [x for x in new if x not in old]
+        raise SystemExit(f"error: {out} already holds {len(clash)} of these runs with other settings (e.g. {run_dir} "
+                         f"has {shlex.join(was) or 'fewer arguments'} where this has {shlex.join(now) or 'none'}): write to another folder with --results_dir=DIR, or pass --replace to run "
+                         "them again over the old ones")
     todo = [j for j in jobs if not j[4]]
-    est = len(todo) * (OVERHEAD_S + a.max_iters * MS_PER_ITER / 1000) / max(1, min(a.jobs, os.cpu_count() or 1))
     print(f"grid {a.grid}: {len({j[0].name for j in jobs})} variants x {a.seeds} seeds = {len(jobs)} runs, "
-          f"{len(jobs) - len(todo)} done, {len(todo)} to do; {a.max_iters} iterations each; "
-          f"estimate {est / 60:.0f} min at the default model size with {a.jobs} jobs")
+          f"{len(jobs) - len(todo)} done, {len(todo)} to do", end="")
+    if node:
+        sized = [(j[0], node_sizing(j[0].config, tuple(j[0].overrides + extra), tokens)[1]) for j in todo]
+        gpus = a.nproc_per_node * (int(a.nnodes) if a.nnodes.isdigit() else 1)
+        secs, how = node_estimate(sized, a.tokens_per_s, gpus, extra) if todo else (0, "")
+        print(f"; {sum(n for _, n in sized) / 1e9:.2f}B tokens to train, one run at a time on {gpus} GPUs; "
+              f"estimate {secs / 3600:.1f} h ({how})" if todo else "")
+    else:
+        est = len(todo) * (OVERHEAD_S + a.max_iters * MS_PER_ITER / 1000) / max(1, min(a.jobs, os.cpu_count() or 1))
+        print(f"; {a.max_iters} iterations each; estimate {est / 60:.0f} min at the default model size with {a.jobs} jobs")
     if a.dry_run:
-        for v, seed, args_list, _, done in jobs:
-            print(("done  " if done else "to do ") + shlex.join(["python", "train.py", v.config, *args_list]))
+        for v, seed, args_list, run_dir, done in jobs:
+            launch = ["python", "train.py"] if torchrun is None else ["torchrun", *torchrun, "train.py"]
+            state = "done  " if done else "resume" if resumable(run_dir, args_list) else "to do "
+            print(f"{state} " + shlex.join([*launch, v.config, *args_list]))
         return 0
+
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // a.jobs)))
+    keep = a.keep_checkpoints or torchrun is not None   # a node run's model is worth keeping
     t_start, failed = time.time(), []
-    with ThreadPoolExecutor(a.jobs) as pool:
-        futs = {pool.submit(run_one, v, s, al, d, env): (v, s, d) for v, s, al, d, _ in todo}
+
+    def report(k, v, s, d, res=None, err=None):
+        eta = (time.time() - t_start) / k * (len(todo) - k)
+        if err:
+            failed.append((v.name, s))
+            print(f"[{k}/{len(todo)}] {v.name} seed {s}: FAILED ({err}); log: {d}/train.log", flush=True)
+        elif res is None:
+            print(f"[{k}/{len(todo)}] {v.name} seed {s}: finished (its metrics are on the node of rank 0)", flush=True)
+        else:
+            finish(d, res, keep)
+            print(f"[{k}/{len(todo)}] {v.name} seed {s}: val {res['val_loss']:.4f} ({res['wall_s']:.0f} s"
+                  f"{', resumed' if res.get('resumed') else ''}), ETA {eta / 60:.1f} min", flush=True)
+
+    if torchrun is not None:   # one run at a time, each on all the node's GPUs
         try:
-            for k, fut in enumerate(as_completed(futs), 1):
-                v, s, d = futs[fut]
-                eta = (time.time() - t_start) / k * (len(todo) - k)
+            for k, (v, s, al, d, _) in enumerate(todo, 1):
+                print(f"[{k}/{len(todo)}] {v.name} seed {s}: {'resuming' if resumable(d, al) else 'starting'}, "
+                      f"log: {d}/train.log", flush=True)
                 try:
-                    res = fut.result()
-                    write_json(os.path.join(d, "result.json"), res)
-                    if not a.keep_checkpoints:   # ~10 MB a run; result.json and metrics.jsonl hold what is reported
-                        for f in os.listdir(d):
-                            if f.startswith("ckpt_") or f == "latest":
-                                os.remove(os.path.join(d, f))
-                    print(f"[{k}/{len(todo)}] {v.name} seed {s}: val {res['val_loss']:.4f} ({res['wall_s']:.0f} s), "
-                          f"ETA {eta / 60:.1f} min", flush=True)
+                    report(k, v, s, d, res=run_one(v, s, al, d, env, torchrun))
                 except RuntimeError as e:
-                    failed.append((v.name, s))
-                    print(f"[{k}/{len(todo)}] {v.name} seed {s}: FAILED ({e}); log: {d}/train.log", flush=True)
-        except KeyboardInterrupt:
-            pool.shutdown(wait=True, cancel_futures=True)   # the runs get the same SIGINT, save and exit
-            print("interrupted: run the same command again to continue")
+                    report(k, v, s, d, err=e)
+        except KeyboardInterrupt:   # torchrun passes the SIGINT on: train.py saves and exits
+            print("interrupted: run the same command again to resume")
             return 130
+    else:                      # several single-process runs at a time
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // a.jobs)))
+        with ThreadPoolExecutor(a.jobs) as pool:
+            futs = {pool.submit(run_one, v, s, al, d, env): (v, s, d) for v, s, al, d, _ in todo}
+            try:
+                for k, fut in enumerate(as_completed(futs), 1):
+                    try:
+                        report(k, *futs[fut], res=fut.result())
+                    except RuntimeError as e:
+                        report(k, *futs[fut], err=e)
+            except KeyboardInterrupt:
+                pool.shutdown(wait=True, cancel_futures=True)   # the runs get the same SIGINT, save and exit
+                print("interrupted: run the same command again to resume")
+                return 130
+
+    # the summary covers the whole grid: every seed of every variant in the folder whose result has these settings
     results = {}
-    for v, seed, args_list, run_dir, _ in jobs:
-        r = load_result(run_dir)
-        if r and r["args"] == args_list:   # not a result of other sizes or overrides
-            results.setdefault(v.name, {})[seed] = r
-    rows = summarize(grid, results)
+    for v in full:
+        for d in glob.glob(os.path.join(out, "runs", glob.escape(v.name), "seed*")):
+            seed = int(re.fullmatch(r"seed(\d+)", os.path.basename(d)).group(1)) if re.fullmatch(r"seed\d+", os.path.basename(d)) else None
+            r = load_result(d) if seed else None
+            if r and r["args"] == args_for(v, seed):   # not a result of other sizes or overrides
+                results.setdefault(v.name, {})[seed] = r
+    rows = summarize(full, results)
     command = shlex.join(["python", "reproduce.py", *(sys.argv[1:] if argv is None else argv)])
     n_done = sum(len(r) for r in results.values())
-    header = [f"# Reproduction: grid `{a.grid}`", "", f"Command: `{command}`", "",
-              f"Runs: {n_done} of {len(jobs)} complete, {len(failed)} failed in this invocation. "
-              f"Wall time of this invocation: {(time.time() - t_start) / 60:.1f} min; summed over all runs: "
-              f"{sum(r['wall_s'] for res in results.values() for r in res.values()) / 60:.1f} min.",
-              f"Each run: `python train.py <config> {shlex.join(sizing(a.max_iters))} <variant's overrides> {shlex.join(extra)} --seed=S --out_dir=...`"]
+    launch = "python train.py" if torchrun is None else shlex.join(["torchrun", *torchrun, "train.py"])
+    schedule = "<schedule for --tokens>" if node else shlex.join(sizing(a.max_iters))
+    header = [f"# Reproduction: grid `{a.grid}`", "", f"Last command: `{command}`", "",
+              f"Runs: {n_done} complete in {out} with these settings (all seeds found), {len(failed)} failed in the "
+              f"last invocation. Wall time of the last invocation: {(time.time() - t_start) / 60:.1f} min; summed over "
+              f"all runs: {sum(r['wall_s'] for res in results.values() for r in res.values()) / 60:.1f} min.",
+              f"Each run: `{launch} <config> {schedule} <variant's overrides> {shlex.join(extra)} --seed=S --out_dir=...`"]
     os.makedirs(out, exist_ok=True)
-    write_json(os.path.join(out, "summary.json"), {"command": command, "runs": len(jobs), "complete": n_done, "rows": rows})
+    write_json(os.path.join(out, "summary.json"), {"command": command, "runs": n_done, "complete": n_done, "rows": rows})
     write_summary(out, rows, header)
     if results:
-        plot(out, grid, results)
+        from plot_metrics import plot_grid
+        plot_grid(out, full, results)
     print(f"wrote {out}/summary.md, summary.json and plots" + (f"; {len(failed)} runs failed: run again to retry" if failed else ""))
     return 1 if failed else 0
 
