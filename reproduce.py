@@ -398,8 +398,9 @@ def main(argv=None, grids=GRIDS):
             p.error(f"unknown variants {sorted(want - {v.name for v in full})}; the grid has {[v.name for v in full]}")
         want |= {v.baseline for v in full if v.name in want and v.baseline} | {s.split(":")[0] for s in a.add}
         grid = [v for v in full if v.name in want]
-    torchrun = torchrun_args(a) if (a.launcher or ("torchrun" if is_node_grid(grids, a.grid) else "local")) == "torchrun" else None
-    node = is_node_grid(grids, a.grid)
+    # node grids (and --launcher=torchrun): torchrun on all GPUs, one run at a time, sized by --tokens
+    node = (a.launcher or ("torchrun" if is_node_grid(grids, a.grid) else "local")) == "torchrun"
+    torchrun = torchrun_args(a) if node else None
     out = a.results_dir or os.path.join("results", a.grid)
     extra = shlex.split(a.extra)
     tokens = int(a.tokens) if a.tokens else None

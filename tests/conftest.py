@@ -18,3 +18,8 @@ def workdir(tmp_path_factory):
     prepare_data.main(["text", "--input", str(wd / "tiny.txt"), "--name", "tiny", "--tokenizer", "char",
                        "--out_dir", str(wd / "data" / "tiny")])
     return wd
+
+
+def pytest_configure(config):
+    # subprocess tests (torchrun, several processes): `-m "not slow"` leaves them out
+    config.addinivalue_line("markers", "slow: a test of several processes, 10-40 s on 2 cores")

@@ -1,10 +1,22 @@
 """reproduce.py on a tiny grid (2 variants x 2 seeds, a few steps): its summary holds the numbers of the
 runs' metrics files, a failed run is reported and run again next time, and a finished grid trains nothing."""
+import contextlib
+import glob
 import json
 import os
+import re
+import shutil
+import signal
 import statistics
+import subprocess
+import sys
+import time
+
+import pytest
 
 import reproduce
+from conftest import ROOT
+from plot_metrics import read_metrics
 from reproduce import Variant
 
 TINY = ("--dataset=tiny --n_layer=2 --n_head=2 --n_embd=32 --block_size=16 --batch_size=4 --vocab_pad=1 "
@@ -58,3 +70,139 @@ def test_tiny_grid_summary_matches_metrics_failures_rerun_and_restart_trains_not
     assert reproduce.main(argv, grids) == 0
     assert "4 done, 0 to do" in capsys.readouterr().out
     assert {k: os.path.getmtime(d / "metrics.jsonl") for k, d in runs.items()} == mtimes
+
+
+# --- the committed results, folders that hold one configuration, whole-grid summaries -----------------
+
+def test_committed_default_grid_counts_as_done(monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    assert reproduce.main(["--dry_run"]) == 0
+    out = capsys.readouterr().out
+    assert "51 runs, 51 done, 0 to do" in out and "to do  python" not in out, out
+
+
+def test_other_settings_are_refused_more_seeds_are_not_and_a_subset_summarizes_the_whole_grid(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)   # a copy of the committed results at the same relative path (runs' --out_dir)
+    res = tmp_path / "results" / "default"
+    shutil.copytree(os.path.join(ROOT, "results", "default"), res, ignore=shutil.ignore_patterns("*.png", "summary.*"))
+    with pytest.raises(SystemExit) as e:   # a different size would overwrite all 51 results
+        reproduce.main(["--max_iters=500", "--dry_run"])
+    msg = str(e.value.code)
+    assert msg.startswith("error:") and "\n" not in msg and "--results_dir" in msg and "--replace" in msg, msg
+    assert "51 of these runs" in msg and "--max_iters=1000" in msg and "--max_iters=500" in msg
+    capsys.readouterr()
+    assert reproduce.main(["--max_iters=500", "--dry_run", "--replace"]) == 0
+    assert "0 done, 51 to do" in capsys.readouterr().out
+    assert reproduce.main(["--max_iters=500", "--dry_run", "--results_dir=elsewhere"]) == 0
+    assert "0 done, 51 to do" in capsys.readouterr().out
+    assert reproduce.main(["--variants=noscale", "--seeds=4", "--dry_run"]) == 0
+    assert "2 variants x 4 seeds = 8 runs, 6 done, 2 to do" in capsys.readouterr().out   # seeds added in place
+
+    assert reproduce.main(["--variants=noscale"]) == 0   # nothing to run: summarize
+    with open(res / "summary.json") as f:
+        rows = {r["variant"]: r for r in json.load(f)["rows"]}
+    with open(os.path.join(ROOT, "results", "default", "summary.json")) as f:
+        committed = {r["variant"]: r for r in json.load(f)["rows"]}
+    assert rows.keys() == committed.keys() and len(rows) == 17   # the whole grid, not the subset
+    for name, row in committed.items():
+        assert rows[name]["n"] == 3 and rows[name]["val_loss_mean"] == row["val_loss_mean"]
+        assert rows[name].get("diff_mean") == row.get("diff_mean")
+    assert (res / "val_loss.png").stat().st_size > 1000
+
+
+def test_added_variant_from_the_command_line():
+    grid = reproduce.default_grid()
+    v = reproduce.parse_added("wide:config/unified_char.py:--n_embd=192,--n_head=6", grid)
+    assert (v.name, v.config, v.overrides, v.baseline, v.sign) == ("wide", "config/unified_char.py",
+                                                                     ["--n_embd=192", "--n_head=6"], "baseline", 0)
+    assert reproduce.parse_added("x:config/unified_char.py::none", grid).baseline is None
+    assert reproduce.parse_added("y:config/unified_char.py:--lr_schedule=wsd:baseline_wsd", grid).baseline == "baseline_wsd"
+    for bad in ["noscale:config/unified_char.py", "z:config/missing.py", "z:config/unified_char.py:n_embd=3",
+                "z:config/unified_char.py::nobody"]:
+        with pytest.raises(SystemExit) as e:
+            reproduce.parse_added(bad, grid)
+        assert str(e.value.code).startswith("error: --add=") and "\n" not in str(e.value.code)
+
+
+def test_node_grid_dry_run_sizes_runs_by_tokens_and_estimates_time(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    argv = ["--grid=node", "--nproc_per_node=8", "--seeds=2", "--tokens=1e9", "--dry_run"]
+    assert reproduce.main([*argv, "--tokens_per_s=1e6"]) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("to do")]
+    # 1e9 tokens / 524,288 per iteration -> 1908 iterations; warmup 700 of 19,073 scales to 70
+    assert len(lines) == 6 and all(line.startswith("to do  torchrun --nproc_per_node=8 --standalone train.py config/")
+                                   for line in lines), out
+    assert "--max_iters=1908 --lr_decay_iters=1908 --warmup_iters=70 --eval_interval=190" in lines[0]
+    assert "6.00B tokens to train" in out and "estimate 1.7 h (at the given 1,000,000 tokens/s)" in out, out
+    assert reproduce.main(["--grid=node", "--nproc_per_node=8", "--dry_run", "--nnodes=2", "--node_rank=1",
+                           "--master_addr=10.0.0.1"]) == 0
+    out = capsys.readouterr().out
+    assert "torchrun --nproc_per_node=8 --nnodes=2 --node_rank=1 --master_addr=10.0.0.1 --master_port=29500 train.py" in out
+    assert "90.00B tokens" in out and "16 x" in out and "assuming 40% MFU" in out, out
+
+
+# --- the node grid on CPU: torchrun with 2 gloo processes, a run killed midway and resumed -------------
+
+NODE_TINY = TINY.replace("--eval_interval=4", "--eval_interval=20") + " --gradient_accumulation_steps=2"
+NODE_ARGV = ["--grid=pair", "--launcher=torchrun", "--nproc_per_node=2", "--seeds=1", "--tokens=12800",   # 100 iterations
+             "--results_dir=node", f"--extra={NODE_TINY}"]
+NODE_GRID = """
+import sys, reproduce
+from reproduce import Variant
+grids = {"pair": [Variant("a", "config/baseline_char.py", [], None, "", 0),
+                  Variant("b", "config/baseline_char.py", [], "a", "same as a", -1)]}
+sys.exit(reproduce.main(sys.argv[1:], grids))
+"""
+
+
+def descendants(pid):
+    """pid and every process below it (torchrun starts its workers in sessions of their own)."""
+    children = {}
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.split("/")[2]))
+        except (OSError, IndexError):
+            pass
+    out, todo = [], [pid]
+    while todo:
+        out.append(todo.pop())
+        todo += children.get(out[-1], [])
+    return out
+
+
+@pytest.mark.slow
+def test_node_grid_through_torchrun_resumes_a_killed_run_to_the_same_losses(workdir, monkeypatch, capsys):
+    monkeypatch.chdir(workdir)
+    runs = {v: workdir / "node" / "runs" / v / "seed1" for v in "ab"}
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    p = subprocess.Popen([sys.executable, "-c", NODE_GRID, *NODE_ARGV], cwd=workdir, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.time() + 120
+    while time.time() < deadline:   # b (run second) has checkpointed at iteration 20 or later: kill everything
+        latest = runs["b"] / "latest"
+        if latest.exists() and int(re.findall(r"\d+", latest.read_text())[0]) >= 20:
+            for pid in descendants(p.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    p.wait(timeout=60)
+    assert (runs["a"] / "result.json").exists() and not (runs["b"] / "result.json").exists(), p.stdout.read().decode()
+    killed_at = max(r["iter"] for r in read_metrics(runs["b"], "train"))
+    assert 20 <= killed_at < 100
+
+    assert reproduce.main(NODE_ARGV, {"pair": [Variant("a", "config/baseline_char.py", [], None, "", 0),
+                                                Variant("b", "config/baseline_char.py", [], "a", "same as a", -1)]}) == 0
+    out = capsys.readouterr().out
+    assert "1 done, 1 to do" in out and "b seed 1: resuming" in out and "resumed" in out, out
+    assert "resuming from" in (runs["b"] / "train.log").read_text()
+    # b continued from its checkpoint (one record per iteration, none twice) to a's losses, bit for bit
+    for kind, keys in (("eval", ("iter", "train_loss", "val_loss")), ("train", ("iter", "loss", "lr"))):
+        a, b = ([[r[k] for k in keys] for r in read_metrics(runs[v], kind)] for v in "ab")
+        assert a == b and len(a) == (6 if kind == "eval" else 100)
+    with open(workdir / "node" / "summary.json") as f:
+        rows = {r["variant"]: r for r in json.load(f)["rows"]}
+    assert rows["b"]["n"] == 1 and rows["b"]["diff_mean"] == 0.0
