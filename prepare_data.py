@@ -7,15 +7,19 @@ last and marks the set complete. A re-run with the same source and settings does
     python prepare_data.py shakespeare               # same text, GPT-2 BPE
     python prepare_data.py text --input book.txt --name book [--tokenizer gpt2|char]
     python prepare_data.py fineweb_edu --num_tokens 1e8   # needs `pip install datasets` and network
+    python prepare_data.py fineweb_edu --data_files 'shards/*.parquet' --num_proc 32   # local shards, offline
 
 The text commands put the last --val_fraction (0.1) of the characters in val.bin.
 fineweb_edu puts the first --val_tokens (default 0.5% of --num_tokens) of the stream in val.bin
 and the rest, up to --num_tokens in all, in train.bin; <|endoftext|> precedes every document.
+With --data_files it reads local .parquet or .jsonl files (a glob; the dataset's own shards, as
+compute nodes without internet hold them) through `datasets`, offline, in sorted file order.
 """
 import argparse
 import base64
 import contextlib
 import functools
+import glob
 import hashlib
 import json
 import multiprocessing as mp
@@ -208,7 +212,8 @@ def encode_document(doc):
     # runs in the worker processes; the doc's hash lets the parent fingerprint the source it used
     return to_uint16([EOT] + gpt2_encoding().encode_ordinary(doc)), hashlib.sha256(doc.encode()).digest()
 
-def write_documents(docs, out_dir, num_tokens, val_tokens, name="fineweb_edu", source="documents", processes=None):
+def write_documents(docs, out_dir, num_tokens, val_tokens, name="fineweb_edu", source="documents", processes=None,
+                    extra_meta=None):
     """Tokenize docs in parallel, <|endoftext|> before each: the first val_tokens go to val.bin,
     the next ones to train.bin, until num_tokens in all (or the docs run out)."""
     out_dir = Path(out_dir)
@@ -234,18 +239,22 @@ def write_documents(docs, out_dir, num_tokens, val_tokens, name="fineweb_edu", s
         print(f"note: the documents ran out at {written:,} of the {num_tokens:,} tokens asked for")
     write_meta(out_dir, {"name": name, "tokenizer": "gpt2", "vocab_size": 50257, "train_tokens": written - val_tokens,
                          "val_tokens": val_tokens, "num_tokens": num_tokens, "source": source,
-                         "source_sha256": fingerprint.hexdigest(), "dtype": "uint16"})
+                         "source_sha256": fingerprint.hexdigest(), "dtype": "uint16", **(extra_meta or {})})
 
 def download_error(e):
     msg = (str(e).splitlines() or [""])[0]
     return (f"error: could not download FineWeb-Edu (no network?): {type(e).__name__}: {msg}; "
             "on an offline machine use `python prepare_data.py text --input FILE --name NAME`")
 
-def fineweb_docs():
+def import_datasets():
     try:
         import datasets
     except ImportError:
         raise SystemExit("error: FineWeb-Edu needs the optional `datasets` package: pip install datasets") from None
+    return datasets
+
+def fineweb_docs():
+    datasets = import_datasets()
     def texts():
         # runs lazily in the pool's feeder thread (after the workers forked): errors come back
         # through the pool, so they travel as a plain, picklable DownloadError
@@ -256,13 +265,52 @@ def fineweb_docs():
             raise DownloadError(download_error(e)) from None
     return texts()
 
-def prepare_fineweb(out_dir, name, num_tokens, val_tokens=None, processes=None):
+LOCAL_FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".jsonl.gz": "json", ".json.gz": "json"}
+
+def local_files(pattern):
+    """The sorted files a --data_files glob names, and the `datasets` builder that reads them."""
+    files = sorted(p for p in glob.glob(os.path.expanduser(pattern), recursive=True) if os.path.isfile(p))
+    if not files:
+        raise SystemExit(f"error: --data_files {pattern!r} matches no file: give a glob of local .parquet or .jsonl "
+                         "files, quoted so that the shell does not expand it")
+    kinds = {next((k for e, k in LOCAL_FORMATS.items() if f.endswith(e)), None) for f in files}
+    if len(kinds) != 1 or None in kinds:
+        raise SystemExit(f"error: --data_files {pattern!r} matches {len(files)} files that are not all .parquet or all "
+                         f".jsonl (e.g. {files[0]}): give a glob of one format")
+    return files, kinds.pop()
+
+def local_docs(files, builder, text_field="text"):
+    # local files never need the network: offline mode, so that a compute node without internet
+    # fails fast instead of waiting on timeouts (only effective if `datasets` is not imported yet)
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    datasets = import_datasets()
+    def texts():
+        # streaming: read shard by shard, no Arrow copy of the whole set in the cache
+        try:
+            for row in datasets.load_dataset(builder, data_files=files, split="train", streaming=True):
+                yield row[text_field]
+        except KeyError:
+            raise DownloadError(f"error: the rows of {files[0]} have no {text_field!r} field: name the text "
+                                "column with --text_field") from None
+        except Exception as e:
+            msg = (str(e).splitlines() or [""])[0]
+            raise DownloadError(f"error: could not read the local files ({files[0]}...): {type(e).__name__}: {msg}") from None
+    return texts()
+
+def prepare_fineweb(out_dir, name, num_tokens, val_tokens=None, processes=None, data_files=None, text_field="text"):
     out_dir, val_tokens = Path(out_dir), val_tokens or max(1, num_tokens // 200)
-    if is_prepared(out_dir, {"source": FINEWEB, "num_tokens": num_tokens, "val_tokens": val_tokens}):
+    if data_files:   # the recipe names every file with its size, so a changed shard set is prepared again
+        files, builder = local_files(data_files)
+        source = f"local {builder} files: {data_files}"
+        recipe = {"source": source, "files": [[os.path.abspath(f), os.path.getsize(f)] for f in files]}
+        docs = lambda: local_docs(files, builder, text_field)
+    else:
+        source, recipe, docs = FINEWEB, {"source": FINEWEB}, fineweb_docs
+    if is_prepared(out_dir, {**recipe, "num_tokens": num_tokens, "val_tokens": val_tokens}):
         print(f"already prepared: {out_dir}")
         return
     try:
-        write_documents(fineweb_docs(), out_dir, num_tokens, val_tokens, name, FINEWEB, processes)
+        write_documents(docs(), out_dir, num_tokens, val_tokens, name, source, processes, extra_meta=recipe)
     except DownloadError as e:
         raise SystemExit(str(e)) from None
 
@@ -279,18 +327,20 @@ def main(argv=None):
     sub.choices["text"].add_argument("--input", required=True)
     sub.choices["text"].add_argument("--name", required=True)
     sub.choices["text"].add_argument("--tokenizer", choices=["gpt2", "char"], default="gpt2")
-    f = sub.add_parser("fineweb_edu", help="a FineWeb-Edu sample (needs `datasets` and network)")
+    f = sub.add_parser("fineweb_edu", help="a FineWeb-Edu sample (needs `datasets`; network unless --data_files)")
+    f.add_argument("--data_files", help="a glob of local .parquet or .jsonl files (quoted) instead of the hub")
+    f.add_argument("--text_field", default="text", help="the column of the documents' text (with --data_files)")
     f.add_argument("--num_tokens", type=lambda s: int(float(s)), default=10**9, help="train + val tokens")
     f.add_argument("--val_tokens", type=lambda s: int(float(s)), help="first tokens kept for val (default 0.5%%)")
     f.add_argument("--name", default="fineweb_edu")
     f.add_argument("--out_dir", help="default: data/<name>")
-    f.add_argument("--processes", type=int, help="tokenizer processes (default: all cores)")
+    f.add_argument("--num_proc", "--processes", dest="processes", type=int, help="tokenizer processes (default: all cores)")
     args = p.parse_args(argv)
 
     name = getattr(args, "name", None) or args.command
     out_dir = Path(args.out_dir) if args.out_dir else ROOT / "data" / name
     if args.command == "fineweb_edu":
-        prepare_fineweb(out_dir, name, args.num_tokens, args.val_tokens, args.processes)
+        prepare_fineweb(out_dir, name, args.num_tokens, args.val_tokens, args.processes, args.data_files, args.text_field)
     elif args.command == "text":
         prepare_text(args.input, out_dir, name, args.tokenizer, args.val_fraction)
     else:

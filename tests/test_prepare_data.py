@@ -279,3 +279,69 @@ def test_fineweb_with_a_local_stand_in(tmp_path, monkeypatch, capsys):
     capsys.readouterr()
     prepare_data.main(args)
     assert "already prepared" in capsys.readouterr().out
+
+
+# --- FineWeb-Edu from local shards (offline, through `datasets`) -----------------------------------------
+
+def write_shards(tmp_path, fmt, docs, n_shards=2):
+    """docs split over n_shards files shard_0.fmt, shard_1.fmt... with an extra column, as FineWeb-Edu's."""
+    d = tmp_path / "shards"
+    d.mkdir(exist_ok=True)
+    per = -(-len(docs) // n_shards)
+    for k in range(n_shards):
+        part = docs[k * per:(k + 1) * per]
+        path = d / f"shard_{k}.{fmt}"
+        if fmt == "parquet":
+            pa = pytest.importorskip("pyarrow")
+            import pyarrow.parquet as pq
+            pq.write_table(pa.table({"id": [f"{k}-{i}" for i in range(len(part))], "text": part}), path)
+        else:
+            path.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(part)))
+    return d
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_fineweb_from_local_shards_offline_decodes_to_the_documents(tmp_path, monkeypatch, capsys, fmt):
+    pytest.importorskip("datasets")
+    docs = [f"Document {i}: " + TEXT[i * 7:i * 7 + 50 + i] for i in range(40)]
+    shards = write_shards(tmp_path, fmt, docs)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    out = tmp_path / "fw"
+    args = ["fineweb_edu", "--data_files", str(shards / f"*.{fmt}"), "--num_tokens", "1e6", "--val_tokens", "100",
+            "--num_proc", "2", "--out_dir", str(out)]
+    prepare_data.main(args)
+    meta, train, val = read_set(out)
+    _, decode = prepare_data.get_tokenizer(meta)
+    assert decode(val.tolist() + train.tolist()) == "".join("<|endoftext|>" + d for d in docs)   # shards in order
+    assert len(val) == meta["val_tokens"] == 100 and meta["train_tokens"] == len(train)
+    assert meta["source"] == f"local {'parquet' if fmt == 'parquet' else 'json'} files: {shards}/*.{fmt}"
+    capsys.readouterr()
+    prepare_data.main(args)
+    assert "already prepared" in capsys.readouterr().out
+    write_shards(tmp_path, fmt, docs[:10], n_shards=1)   # shard_0 changed: prepared again, with the budget
+    prepare_data.main([*args[:4], "300", *args[5:]])
+    meta, train, val = read_set(out)
+    assert val.tolist() + train.tolist() == stream_of(docs[:10])[:300]
+
+
+def test_fineweb_local_shards_errors_are_one_line(tmp_path):
+    with pytest.raises(SystemExit) as e:
+        prepare_data.main(["fineweb_edu", "--data_files", str(tmp_path / "none" / "*.parquet"), "--out_dir", str(tmp_path / "fw")])
+    assert "matches no file" in error_of(e) and "--data_files" in error_of(e)
+    (tmp_path / "a.parquet").write_bytes(b"x")
+    (tmp_path / "b.txt").write_text("x")
+    with pytest.raises(SystemExit) as e:
+        prepare_data.main(["fineweb_edu", "--data_files", str(tmp_path / "*"), "--out_dir", str(tmp_path / "fw")])
+    assert "not all .parquet or all .jsonl" in error_of(e)
+    pytest.importorskip("datasets")
+    (tmp_path / "b.txt").unlink()
+    with pytest.raises(SystemExit) as e:   # not a parquet file: the reader's error, in one line
+        prepare_data.main(["fineweb_edu", "--data_files", str(tmp_path / "*.parquet"), "--num_proc", "1",
+                           "--out_dir", str(tmp_path / "fw")])
+    assert "could not read the local files" in error_of(e)
+    assert not (tmp_path / "fw" / "meta.json").exists()
+    write_shards(tmp_path, "jsonl", ["a doc"], n_shards=1)
+    with pytest.raises(SystemExit) as e:
+        prepare_data.main(["fineweb_edu", "--data_files", str(tmp_path / "shards" / "*.jsonl"), "--text_field", "body",
+                           "--num_proc", "1", "--out_dir", str(tmp_path / "fw")])
+    assert "no 'body' field" in error_of(e) and "--text_field" in error_of(e)
