@@ -212,6 +212,25 @@ def encode_document(doc):
     # runs in the worker processes; the doc's hash lets the parent fingerprint the source it used
     return to_uint16([EOT] + gpt2_encoding().encode_ordinary(doc)), hashlib.sha256(doc.encode()).digest()
 
+def encode_batch(docs):
+    """encode_document over a batch of documents, as one array: one message per batch to and from a worker
+    process, so that the parent, which feeds them all, is not the bottleneck of many cores."""
+    encoded = [encode_document(d) for d in docs]
+    return (np.concatenate([ids for ids, _ in encoded]), np.array([len(ids) for ids, _ in encoded]),
+            b"".join(sha for _, sha in encoded))
+
+def batches(docs, chars=1 << 20):
+    """Lists of consecutive documents of about `chars` characters in all."""
+    batch, n = [], 0
+    for doc in docs:
+        batch.append(doc)
+        n += len(doc)
+        if n >= chars:
+            yield batch
+            batch, n = [], 0
+    if batch:
+        yield batch
+
 def write_documents(docs, out_dir, num_tokens, val_tokens, name="fineweb_edu", source="documents", processes=None,
                     extra_meta=None):
     """Tokenize docs in parallel, <|endoftext|> before each: the first val_tokens go to val.bin,
@@ -222,9 +241,10 @@ def write_documents(docs, out_dir, num_tokens, val_tokens, name="fineweb_edu", s
     fingerprint, written = hashlib.sha256(), 0
     progress = Progress("tokenizing", num_tokens, "tokens")
     with staged_bins(out_dir) as (train_f, val_f), mp.Pool(processes) as pool:
-        for ids, doc_sha in pool.imap(encode_document, docs, chunksize=16):
+        for ids, lengths, doc_shas in pool.imap(encode_batch, batches(docs)):
             ids = ids[:num_tokens - written]
-            fingerprint.update(doc_sha)
+            used = int(np.sum(np.cumsum(lengths) - lengths < len(ids)))   # documents that start within the budget
+            fingerprint.update(doc_shas[:32 * used])   # the same digest as one update per document used
             n_val = min(len(ids), max(val_tokens - written, 0))
             val_f.write(ids[:n_val].tobytes())
             train_f.write(ids[n_val:].tobytes())

@@ -226,6 +226,10 @@ def test_write_documents_eot_budget_and_split(tmp_path):
     meta, train, val = read_set(tmp_path / "half")
     assert val.tolist() + train.tolist() == stream[:budget]
     assert (len(val), len(train)) == (5, budget - 5) == (meta["val_tokens"], meta["train_tokens"])
+    starts = np.cumsum([0] + [len(stream_of([d])) for d in DOCS])[:-1]
+    used = [d for d, start in zip(DOCS, starts) if start < budget]   # a cut document counts, later ones do not
+    assert 0 < len(used) < len(DOCS)
+    assert meta["source_sha256"] == hashlib.sha256(b"".join(hashlib.sha256(d.encode()).digest() for d in used)).hexdigest()
     assert meta["vocab_size"] == 50257 and meta["tokenizer"] == "gpt2"
 
 
