@@ -14,6 +14,8 @@ nanoGPT does (CUDA). With --compare, every configuration runs in its own fresh p
 is its own), `rounds` times in alternation, and the table gives medians and their ratios to
 the first configuration: these machines are noisy, so compare within one run. --interleave=True
 runs them all in one process instead, one step of each in turn: the steadiest time ratio, no memory.
+Its keys are train.py's config keys (and a few of its own, below); a train.py key it does not use
+(--optimizer, --gradient_accumulation_steps, --learning_rate...) is refused on the command line.
 Peak memory is the CUDA allocator's peak, or on a CPU the process's peak resident size
 (which includes PyTorch itself: compare differences, not ratios, for small models).
 """
