@@ -118,6 +118,48 @@ def plot_grid(out, grid, results):
     fig.tight_layout(), fig.savefig(os.path.join(out, "scale_vectors.png"), dpi=80), plt.close(fig)
 
 
+def plot_report(out, grid_name, report):
+    """The figures of reproduce.py's reports (summary.json's "report"): lr_sweep.png for the lr grid;
+    compute_efficiency.png (each size's fitted baseline L(C) and the variants' points) and scaling.png (gap
+    and compute factor against model size) for the scaling grid."""
+    plt = pyplot()
+    if grid_name == "lr":
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for family, by in report["sweep"].items():
+            lrs = sorted(by, key=float)
+            ax.plot([float(x) for x in lrs], [by[x] for x in lrs], "o-", label=family, lw=1)
+        ax.set(xscale="log", xlabel="learning rate (muon_lr for Muon families)", ylabel="validation loss",
+               title="learning-rate sweep (seed 1)")
+        ax.legend(fontsize=7)
+        fig.tight_layout(), fig.savefig(os.path.join(out, "lr_sweep.png"), dpi=80), plt.close(fig)
+    if grid_name == "scaling":
+        fits = report["fits"]
+        fig, axes = plt.subplots(1, len(fits), figsize=(4 * len(fits), 3.6), squeeze=False)
+        for ax, (size, f) in zip(axes[0], fits.items()):
+            E, A, alpha = f["fit"]
+            c = np.geomspace(min(f["budgets"]) / 1.5, max(f["budgets"]) * 1.5, 100)
+            ax.plot(f["budgets"], f["baseline"], "ko", label="baseline (mean over seeds)")
+            ax.plot(c, E + A * c ** -alpha, "k-", lw=0.8, label=f"fit E + A C^-{alpha:.2f}")
+            for name, loss in f["variants"].items():
+                ax.plot([1], [loss], "s", label=f"{name} at 1x")
+                ax.axhline(loss, lw=0.5, ls=":", color=ax.lines[-1].get_color())
+            ax.set(xscale="log", xlabel=f"budget (x {f['iters']} iterations)", ylabel="validation loss", title=size)
+            ax.legend(fontsize=6)
+        fig.tight_layout(), fig.savefig(os.path.join(out, "compute_efficiency.png"), dpi=80), plt.close(fig)
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.6))
+        for name in sorted({r["variant"] for r in report["rows"]}):
+            rows = [r for r in report["rows"] if r["variant"] == name]
+            p = [r["params"] for r in rows]
+            ax1.errorbar(p, [r["gap_mean"] for r in rows], yerr=[r["gap_std"] or 0 for r in rows], fmt="o-", label=name)
+            ax2.plot(p, [min(r["factor"], 10) for r in rows], "o-", label=name)
+        ax1.axhline(0, color="k", lw=0.5)
+        ax1.set(xscale="log", xlabel="non-embedding parameters", ylabel="val loss - baseline (same budget)", title="gap")
+        ax2.axhline(1, color="k", lw=0.5)
+        ax2.set(xscale="log", xlabel="non-embedding parameters", ylabel="compute factor (x)", title="compute efficiency")
+        ax1.legend(fontsize=7), ax2.legend(fontsize=7)
+        fig.tight_layout(), fig.savefig(os.path.join(out, "scaling.png"), dpi=80), plt.close(fig)
+
+
 def plot_runs(run_dirs, out):
     plt = pyplot()
     runs = {os.path.basename(os.path.normpath(d)): read_metrics(d) for d in run_dirs}

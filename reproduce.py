@@ -9,6 +9,9 @@ CPU grids (Tiny Shakespeare, several single-process runs at a time):
     python reproduce.py --dry_run                # list the runs and the time estimate
     python reproduce.py --variants=noscale,unified --seeds=5   # a subset (their baselines come along)
     python reproduce.py --add='wide:config/unified_char.py:--n_embd=192,--n_head=6'   # try an idea
+    python reproduce.py --grid=lr --seeds=1      # learning-rate sweep of baseline, noscale, unified (+ Muon)
+    python reproduce.py --grid=tuned             # then each of them at its own best rate, 3 seeds
+    python reproduce.py --grid=scaling           # 4 sizes x 4 budgets: compute efficiency and scaling
 
 Node grids (FineWeb-Edu, 124M/350M, one run at a time through torchrun on all GPUs):
 
@@ -113,10 +116,67 @@ def node_350m():
             Variant("unified_350m", "config/unified_350m.py", [], "baseline_350m", SCALE, -1)]
 
 
+LRS = ("5e-4", "1e-3", "2e-3", "4e-3", "8e-3")   # factors of 2 around the recipe's 1e-3
+
+
+def lr_grid():
+    """Issue 14.1: every family at each learning rate, paired with the baseline at the same rate."""
+    v = []
+    for lr in LRS:
+        adamw = [f"--learning_rate={lr}", f"--min_lr={float(lr) / 10:g}"]   # the schedule ends at lr / 10
+        muon = ["--optimizer=muon", f"--muon_lr={lr}"]                     # AdamW's part keeps 1e-3 -> 1e-4
+        v += [Variant(f"baseline_lr{lr}", "config/baseline_char.py", adamw, None, "", 0),
+              Variant(f"noscale_lr{lr}", "config/noscale_char.py", adamw, f"baseline_lr{lr}",
+                      "removing scale vectors raises the loss (+0.028 same lr, +0.015 retuned, 0.12B)", +1),
+              Variant(f"unified_lr{lr}", "config/unified_char.py", adamw, f"baseline_lr{lr}", UNIFIED, -1),
+              Variant(f"baseline_muon_lr{lr}", "config/baseline_char.py", muon, None, "", 0),
+              Variant(f"unified_muon_lr{lr}", "config/unified_char.py", muon, f"baseline_muon_lr{lr}", MUON_WSD, -1)]
+    return v
+
+
+# Issue 14.2-3: model sizes (layers x width, head size 32) at a fixed number of tokens per parameter: the
+# 4x128 recipe's 1000 iterations x 768 tokens over its 0.80M non-embedding parameters (0.955 tokens per
+# parameter, 0.77 epochs). The baseline also trains at 0.5x-2x of that budget, each with a complete
+# schedule, so the budget it needs to match unified's loss can be read off a fit.
+SIZES = {"2x64": (2, 64, 133), "3x96": (3, 96, 413), "4x128": (4, 128, 1000), "5x160": (5, 160, 1976)}
+BUDGETS = ("0.5", "1", "1.5", "2")
+
+
+def scaling_grid():
+    v = []
+    for size, (n_layer, n_embd, iters) in SIZES.items():
+        shape = [f"--n_layer={n_layer}", f"--n_embd={n_embd}", f"--n_head={n_embd // 32}"]
+        for b in BUDGETS:
+            v.append(Variant(f"baseline_{size}_x{b}", "config/baseline_char.py",
+                             [f"--max_iters={round(iters * float(b))}", *shape], None, "", 0))
+        v.append(Variant(f"unified_{size}", "config/unified_char.py", [f"--max_iters={iters}", *shape],
+                         f"baseline_{size}_x1", UNIFIED, -1))
+        if size == "4x128":
+            v.append(Variant(f"dnp_{size}", "config/dnp_char.py", [f"--max_iters={iters}", *shape],
+                             f"baseline_{size}_x1", "DNP: dual placement with a norm lowers the loss (3.2)", -1))
+    return v
+
+
+def tuned_grid():
+    """Issue 14.1: each family of the lr grid at the rate that was best there (seed 1), paired with the
+    baseline at *its* best rate: tuned against tuned. Run `python reproduce.py --grid=lr --seeds=1` first."""
+    runs = os.path.join("results", "lr", "runs")
+    sweep = lr_sweep(collect(os.path.dirname(runs), lr_grid(), seeds={1},
+                             args_for=lambda v, s: run_args(v, MAX_ITERS, [], s, os.path.join(runs, v.name, f"seed{s}"))))
+    if sum(len(by) for by in sweep.values()) < len(lr_grid()):
+        raise SystemExit("error: the tuned grid picks each family's best learning rate from the lr sweep: "
+                         "run `python reproduce.py --grid=lr --seeds=1` to the end first")
+    by_name, grid = {v.name: v for v in lr_grid()}, []
+    for family, by in sweep.items():
+        v = by_name[f"{family}_lr{min(by, key=by.get)}"]
+        grid.append(v._replace(name=family, baseline=v.baseline and v.baseline.rsplit("_lr", 1)[0]))
+    return grid
+
+
 GRIDS = {"default": default_grid, "core": lambda: core(default_grid()),
          # the paper's 0.12B table on one node: baseline, noscale, unified; node_full: every variant
          "node": node_grid(lambda: core(default_grid("124m"))), "node_full": node_grid(lambda: default_grid("124m")),
-         "node_350m": node_350m}
+         "node_350m": node_350m, "lr": lr_grid, "tuned": tuned_grid, "scaling": scaling_grid}
 
 
 def is_node_grid(grids, name):
@@ -282,6 +342,18 @@ def run_one(v, seed, args_list, out_dir, env, torchrun=None):
             **({"resumed": True} if resume else {})}
 
 
+def collect(out, grid, args_for, seeds=None):
+    """{variant: {seed: result}}: every seed of every variant in the folder whose result has these settings."""
+    results = {}
+    for v in grid:
+        for d in glob.glob(os.path.join(out, "runs", glob.escape(v.name), "seed*")):
+            m = re.fullmatch(r"seed(\d+)", os.path.basename(d))
+            r = load_result(d) if m and (seeds is None or int(m.group(1)) in seeds) else None
+            if r and r["args"] == args_for(v, int(m.group(1))):   # not a result of other sizes or overrides
+                results.setdefault(v.name, {})[int(m.group(1))] = r
+    return results
+
+
 def finish(d, res, keep):
     write_json(os.path.join(d, "result.json"), res)
     if not keep:   # a CPU run's checkpoint is ~10 MB; result.json and metrics.jsonl hold what is reported
@@ -295,6 +367,10 @@ def mean_std(xs):
     return float(xs.mean()) if len(xs) else None, float(xs.std(ddof=1)) if len(xs) > 1 else None
 
 
+# Student's t, 97.5% quantile, for 1..10 degrees of freedom (then ~1.96): 95% intervals of paired differences
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+
+
 def summarize(grid, results):
     rows = []
     for v in grid:
@@ -305,8 +381,12 @@ def summarize(grid, results):
         if v.baseline:
             base = results.get(v.baseline, {})
             seeds = sorted(set(res) & set(base))
-            d_mean, d_std = mean_std([res[s]["val_loss"] - base[s]["val_loss"] for s in seeds])
+            diffs = [res[s]["val_loss"] - base[s]["val_loss"] for s in seeds]
+            d_mean, d_std = mean_std(diffs)
+            half = None if d_std is None else T975[min(len(seeds) - 1, len(T975)) - 1] * d_std / np.sqrt(len(seeds))
             row.update(paired_seeds=seeds, diff_mean=d_mean, diff_std=d_std,
+                       ci95=None if half is None else [d_mean - half, d_mean + half],
+                       agree=int(sum(np.sign(d) == v.sign for d in diffs)) if v.sign else None,
                        within_noise=None if d_std is None else bool(abs(d_mean) <= 2 * d_std / np.sqrt(len(seeds))),
                        direction_matches=None if d_mean is None or not v.sign else bool(np.sign(d_mean) == v.sign))
         rows.append(row)
@@ -317,21 +397,135 @@ def pm(m, s, fmt=".4f"):
     return "—" if m is None else f"{m:{fmt}}" + ("" if s is None else f" ± {s:.4f}")
 
 
-def write_summary(out, rows, header):
+def write_summary(out, rows, header, more=()):
     word = {True: "yes", False: "no", None: "—"}
-    lines = [*header, "", "| variant | vs | n | val loss (mean ± std) | paired diff (mean ± std) | within noise "
-             "| paper's claim | direction matches |", "|---|---|---|---|---|---|---|---|"]
+    lines = [*header, "", "| variant | vs | n | val loss (mean ± std) | paired diff (mean ± std) | 95% CI | agree "
+             "| within noise | paper's claim | direction matches |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        diff = noise = ""
+        diff = ci = agree = noise = ""
         if r["baseline"]:
             diff = f"{pm(r['diff_mean'], r['diff_std'], '+.4f')} (n={len(r['paired_seeds'])})"
+            ci = "—" if r["ci95"] is None else "[{:+.4f}, {:+.4f}]".format(*r["ci95"])
+            agree = "—" if r["agree"] is None else f"{r['agree']}/{len(r['paired_seeds'])}"
             noise = {True: "within noise", False: "beyond noise", None: "—"}[r["within_noise"]]
         lines.append(f"| {r['variant']} | {r['baseline'] or ''} | {r['n']} | {pm(r['val_loss_mean'], r['val_loss_std'])} "
-                     f"| {diff} | {noise} | {r['claim']} | {word[r.get('direction_matches')]} |")
+                     f"| {diff} | {ci} | {agree} | {noise} | {r['claim']} | {word[r.get('direction_matches')]} |")
     lines += ["", "Paired diff: variant minus its baseline, seed by seed (a seed fixes the shared initialization and the "
-              "batch order). Within noise: |mean| <= 2 std / sqrt(n), two standard errors."]
+              "batch order). Within noise: |mean| <= 2 std / sqrt(n), two standard errors. 95% CI: mean +- "
+              "t(0.975, n-1) std / sqrt(n). Agree: seeds whose difference has the claimed sign.", *(["", *more] if more else [])]
     with open(os.path.join(out, "summary.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
+
+
+# ---- issue 14: tuned comparisons, compute efficiency, scaling ----------------------------------------
+def lr_sweep(results):
+    """{family: {lr: mean val loss}} from the lr grid's variant names <family>_lr<lr>."""
+    sweep = {}
+    for name, res in results.items():
+        family, lr = name.rsplit("_lr", 1)
+        sweep.setdefault(family, {})[lr] = float(np.mean([r["val_loss"] for r in res.values()]))
+    return sweep
+
+
+def fit_budget(budgets, losses):
+    """L(C) = E + A C^-alpha, the paper's form of a loss-compute scaling law; least squares, alpha on a fine
+    grid (E and A are linear given alpha). Returns (E, A, alpha)."""
+    C, L = np.asarray(budgets, float), np.asarray(losses, float)
+    fits = []
+    for alpha in np.linspace(0.02, 4, 400):
+        X = np.stack([np.ones_like(C), C ** -alpha], 1)
+        coef = np.linalg.lstsq(X, L, rcond=None)[0]
+        if coef[1] > 0:
+            fits.append((((X @ coef - L) ** 2).sum(), coef[0], coef[1], alpha))
+    return min(fits)[1:]
+
+
+def budget_needed(fit, loss):
+    """The budget at which the fitted baseline reaches `loss` (inf below its asymptote E)."""
+    E, A, alpha = fit
+    return float((A / (loss - E)) ** (1 / alpha)) if loss > E else float("inf")
+
+
+def non_embedding_params(n_layer, n_embd):
+    import torch
+    from model import GPT, GPTConfig   # the char recipe's other sizes (block 64, 65 characters)
+    with torch.device("meta"):
+        m = GPT(GPTConfig(block_size=64, vocab_size=65, vocab_pad=1, n_layer=n_layer, n_head=n_embd // 32, n_embd=n_embd))
+    return m.num_params() - m.wte.weight.numel()
+
+
+def scaling_rows(results, tokens_per_iter=768, train_tokens=1_003_854):
+    """Per size: unified's (and DNP's) loss against the baseline at the same budget (paired by seed), and the
+    compute-efficiency factor: the budget the baseline's fitted L(C) needs to reach the variant's loss,
+    over the budget the variant used (1x). The paper: 1.22-1.25x at 0.12B-2B."""
+    rows, fits = [], {}
+    for size, (n_layer, n_embd, iters) in SIZES.items():
+        base = {b: results.get(f"baseline_{size}_x{b}", {}) for b in BUDGETS}
+        seeds = sorted(set.intersection(*(set(r) for r in base.values())))
+        if not seeds:
+            continue
+        xs = [float(b) for b in BUDGETS]
+        mean_curve = [float(np.mean([base[b][s]["val_loss"] for s in seeds])) for b in BUDGETS]
+        fits[size] = {"budgets": xs, "iters": iters, "baseline": mean_curve, "fit": list(fit_budget(xs, mean_curve)), "variants": {}}
+        for name in (f"unified_{size}", f"dnp_{size}"):
+            res, paired = results.get(name, {}), [s for s in seeds if s in results.get(name, {})]
+            if not paired:
+                continue
+            per_seed = [budget_needed(fit_budget(xs, [base[b][s]["val_loss"] for b in BUDGETS]), res[s]["val_loss"]) for s in paired]
+            loss = float(np.mean([res[s]["val_loss"] for s in paired]))
+            factor = budget_needed(fits[size]["fit"], loss)
+            fits[size]["variants"][name.split("_")[0]] = loss
+            gap = mean_std([res[s]["val_loss"] - base["1"][s]["val_loss"] for s in paired])
+            rows.append({"size": size, "variant": name.split("_")[0], "params": non_embedding_params(n_layer, n_embd),
+                         "iters": iters, "epochs_1x": iters * tokens_per_iter / train_tokens,
+                         "epochs_2x": 2 * iters * tokens_per_iter / train_tokens, "seeds": paired,
+                         "gap_mean": gap[0], "gap_std": gap[1], "factor": factor,
+                         "factor_seeds": per_seed, "extrapolated": not xs[0] <= factor <= xs[-1]})
+    return rows, fits
+
+
+def scaling_lines(rows):
+    f = lambda x: "∞" if x == float("inf") else f"{x:.2f}"
+    lines = ["## Compute efficiency and scaling (issue 14.2-3)", "",
+             f"Each size trains at {', '.join(BUDGETS)} x its budget (a fixed {768_000 / 803_968:.3f} tokens per non-embedding "
+             "parameter, a complete schedule each); the baseline's loss is fitted as L(C) = E + A C^-alpha over those "
+             "budgets (means over seeds). Factor: the budget at which the fitted baseline reaches the variant's loss, "
+             "over the 1x budget the variant used (the paper: 1.22-1.25x). Per-seed factors fit each seed's own curve.", "",
+             "| size | variant | non-emb. params | iters at 1x | epochs at 1x / 2x | seeds | loss - baseline (same budget) "
+             "| compute factor | per seed |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['size']} | {r['variant']} | {r['params'] / 1e6:.3f}M | {r['iters']} | {r['epochs_1x']:.2f} / "
+                     f"{r['epochs_2x']:.2f} | {len(r['seeds'])} | {pm(r['gap_mean'], r['gap_std'], '+.4f')} | "
+                     f"{f(r['factor'])}x{' (beyond the fitted range)' if r['extrapolated'] else ''} | "
+                     f"{', '.join(f(x) for x in r['factor_seeds'])} |")
+    return lines
+
+
+def lr_lines(sweep):
+    lines = ["## Learning-rate sweep (issue 14.1)", "",
+             "Validation loss, seed 1. AdamW families sweep `learning_rate` (the schedule ends at a tenth of it); Muon "
+             "families sweep `muon_lr` (AdamW's part keeps 1e-3). **Bold**: the family's best rate, which the "
+             "`tuned` grid then runs with 3 seeds. A best rate at either end would mean the sweep does not bracket "
+             "the optimum.", "", "| family | " + " | ".join(LRS) + " | best |", "|---" * (len(LRS) + 2) + "|"]
+    for family, by in sweep.items():
+        best = min(by, key=by.get)
+        cells = [("**%.4f**" if lr == best else "%.4f") % by[lr] if lr in by else "—" for lr in LRS]
+        lines.append(f"| {family} | {' | '.join(cells)} | {best}{' (at an edge)' if best in (LRS[0], LRS[-1]) else ''} |")
+    return lines
+
+
+def lr_report(results):
+    sweep = lr_sweep(results)
+    return lr_lines(sweep), {"sweep": sweep}
+
+
+def scaling_report(results):
+    rows, fits = scaling_rows(results)
+    return scaling_lines(rows), {"rows": rows, "fits": fits}
+
+
+# grids with more to say than the paired table: (markdown lines, data for summary.json and the plots)
+REPORTS = {"lr": lr_report, "scaling": scaling_report}
 
 
 # ---- main -------------------------------------------------------------------------------------------
@@ -483,14 +677,7 @@ def main(argv=None, grids=GRIDS):
                 print("interrupted: run the same command again to resume")
                 return 130
 
-    # the summary covers the whole grid: every seed of every variant in the folder whose result has these settings
-    results = {}
-    for v in full:
-        for d in glob.glob(os.path.join(out, "runs", glob.escape(v.name), "seed*")):
-            seed = int(re.fullmatch(r"seed(\d+)", os.path.basename(d)).group(1)) if re.fullmatch(r"seed\d+", os.path.basename(d)) else None
-            r = load_result(d) if seed else None
-            if r and r["args"] == args_for(v, seed):   # not a result of other sizes or overrides
-                results.setdefault(v.name, {})[seed] = r
+    results = collect(out, full, args_for)   # the whole grid, not only this invocation's runs
     rows = summarize(full, results)
     command = shlex.join(["python", "reproduce.py", *(sys.argv[1:] if argv is None else argv)])
     n_done = sum(len(r) for r in results.values())
@@ -502,11 +689,15 @@ def main(argv=None, grids=GRIDS):
               f"all runs: {sum(r['wall_s'] for res in results.values() for r in res.values()) / 60:.1f} min.",
               f"Each run: `{launch} <config> {schedule} <variant's overrides> {shlex.join(extra)} --seed=S --out_dir=...`"]
     os.makedirs(out, exist_ok=True)
-    write_json(os.path.join(out, "summary.json"), {"command": command, "runs": n_done, "complete": n_done, "rows": rows})
-    write_summary(out, rows, header)
+    lines, report = REPORTS[a.grid](results) if a.grid in REPORTS and results else ([], None)
+    write_json(os.path.join(out, "summary.json"), {"command": command, "runs": n_done, "complete": n_done, "rows": rows,
+                                                   **({"report": report} if report else {})})
+    write_summary(out, rows, header, lines)
     if results:
-        from plot_metrics import plot_grid
+        from plot_metrics import plot_grid, plot_report
         plot_grid(out, full, results)
+        if report:
+            plot_report(out, a.grid, report)
     print(f"wrote {out}/summary.md, summary.json and plots" + (f"; {len(failed)} runs failed: run again to retry" if failed else ""))
     return 1 if failed else 0
 

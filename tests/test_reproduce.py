@@ -206,3 +206,58 @@ def test_node_grid_through_torchrun_resumes_a_killed_run_to_the_same_losses(work
     with open(workdir / "node" / "summary.json") as f:
         rows = {r["variant"]: r for r in json.load(f)["rows"]}
     assert rows["b"]["n"] == 1 and rows["b"]["diff_mean"] == 0.0
+
+
+# ---- issue 14's reports: exact properties on made-up results (no training) -------------------------
+def fake(val, seed=1):
+    return {"val_loss": val, "seed": seed, "curve": [[0, 4.0], [10, val]], "wall_s": 1.0}
+
+
+def test_budget_fit_recovers_a_power_law_and_inverts_it():
+    E, A, alpha = 1.5, 0.3, 0.7
+    budgets = [0.5, 1, 1.5, 2]
+    fit = reproduce.fit_budget(budgets, [E + A * c ** -alpha for c in budgets])
+    assert abs(fit[0] - E) < 1e-3 and abs(fit[1] - A) < 1e-3 and abs(fit[2] - alpha) < 0.01
+    assert abs(reproduce.budget_needed((E, A, alpha), E + A * 1.3 ** -alpha) - 1.3) < 1e-9
+    assert reproduce.budget_needed((E, A, alpha), E - 0.01) == float("inf")   # below the asymptote
+
+
+def test_scaling_report_factor_is_the_budget_the_baseline_needs(monkeypatch):
+    monkeypatch.setattr(reproduce, "non_embedding_params", lambda n_layer, n_embd: 12 * n_layer * n_embd ** 2)
+    law = lambda c, s: 1.5 + 0.3 * c ** -0.7 + 0.001 * s   # the seeds differ by a constant
+    results = {f"baseline_4x128_x{b}": {s: fake(law(float(b), s), s) for s in (1, 2)} for b in reproduce.BUDGETS}
+    results["unified_4x128"] = {s: fake(law(1.25, s), s) for s in (1, 2)}   # what the baseline reaches at 1.25x
+    (row,), fits = reproduce.scaling_rows(results)
+    assert row["size"] == "4x128" and row["seeds"] == [1, 2] and not row["extrapolated"]
+    assert abs(row["factor"] - 1.25) < 0.01 and all(abs(f - 1.25) < 0.01 for f in row["factor_seeds"])
+    assert abs(row["gap_mean"] - (law(1.25, 0) - law(1, 0))) < 1e-12 and row["gap_std"] < 1e-12
+    assert abs(row["epochs_1x"] - 1000 * 768 / 1_003_854) < 1e-12
+
+
+def test_tuned_grid_takes_each_familys_best_rate_and_pairs_it_with_the_tuned_baseline(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    best = {"baseline": "2e-3", "noscale": "4e-3", "unified": "1e-3", "baseline_muon": "4e-3", "unified_muon": "2e-3"}
+    for v in reproduce.lr_grid():
+        with pytest.raises(SystemExit, match="--grid=lr --seeds=1"):   # the sweep is not complete yet
+            reproduce.tuned_grid()
+        family, lr = v.name.rsplit("_lr", 1)
+        d = tmp_path / "results" / "lr" / "runs" / v.name / "seed1"
+        d.mkdir(parents=True)
+        args = reproduce.run_args(v, reproduce.MAX_ITERS, [], 1, os.path.join("results", "lr", "runs", v.name, "seed1"))
+        (d / "result.json").write_text(json.dumps({**fake(2.0 - (lr == best[family]) * 0.1), "args": args}))
+    tuned = {v.name: v for v in reproduce.tuned_grid()}
+    assert set(tuned) == set(best)
+    for family, v in tuned.items():
+        assert v.overrides == next(u for u in reproduce.lr_grid() if u.name == f"{family}_lr{best[family]}").overrides
+    assert tuned["noscale"].baseline == "baseline" and tuned["unified_muon"].baseline == "baseline_muon"
+    assert "--learning_rate=2e-3" in tuned["baseline"].overrides and "--muon_lr=2e-3" in tuned["unified_muon"].overrides
+
+
+def test_summary_counts_seeds_agreeing_in_sign_and_a_t_interval():
+    grid = [Variant("base", "c.py", [], None, "", 0), Variant("x", "c.py", [], "base", "x lowers the loss", -1)]
+    diffs = [-0.02, -0.01, 0.005, -0.03]
+    results = {"base": {s: fake(2.0, s) for s in range(1, 5)}, "x": {s: fake(2.0 + d, s) for s, d in enumerate(diffs, 1)}}
+    row = reproduce.summarize(grid, results)[1]
+    assert row["agree"] == 3
+    half = 3.182 * statistics.stdev(diffs) / 2   # t(0.975, 3) s / sqrt(4)
+    assert abs(row["ci95"][0] - (statistics.mean(diffs) - half)) < 1e-9 and abs(row["ci95"][1] - (statistics.mean(diffs) + half)) < 1e-9
