@@ -159,13 +159,19 @@ def scaling_grid():
 
 def tuned_grid():
     """Issue 14.1: each family of the lr grid at the rate that was best there (seed 1), paired with the
-    baseline at *its* best rate: tuned against tuned. Run `python reproduce.py --grid=lr --seeds=1` first."""
+    baseline at *its* best rate: tuned against tuned. Needs `python reproduce.py --grid=lr --seeds=1` far enough
+    that each family's best rate has both its neighbours in LRS measured (or is at the end of LRS)."""
     runs = os.path.join("results", "lr", "runs")
     sweep = lr_sweep(collect(os.path.dirname(runs), lr_grid(), seeds={1},
                              args_for=lambda v, s: run_args(v, MAX_ITERS, [], s, os.path.join(runs, v.name, f"seed{s}"))))
-    if sum(len(by) for by in sweep.values()) < len(lr_grid()):
-        raise SystemExit("error: the tuned grid picks each family's best learning rate from the lr sweep: "
-                         "run `python reproduce.py --grid=lr --seeds=1` to the end first")
+    families = {v.name.rsplit("_lr", 1)[0] for v in lr_grid()}
+    for family in sorted(families):
+        by = sweep.get(family, {})
+        i = LRS.index(min(by, key=by.get)) if by else None
+        if i is None or any(LRS[j] not in by for j in (i - 1, i + 1) if 0 <= j < len(LRS)):
+            raise SystemExit(f"error: the tuned grid needs {family}'s best learning rate bracketed by the lr sweep "
+                             f"(measured so far: {sorted(by, key=float) or 'none'}): run `python reproduce.py --grid=lr "
+                             "--seeds=1` further first")
     by_name, grid = {v.name: v for v in lr_grid()}, []
     for family, by in sweep.items():
         v = by_name[f"{family}_lr{min(by, key=by.get)}"]
