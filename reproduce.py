@@ -9,8 +9,8 @@ CPU grids (Tiny Shakespeare, several single-process runs at a time):
     python reproduce.py --dry_run                # list the runs and the time estimate
     python reproduce.py --variants=noscale,unified --seeds=5   # a subset (their baselines come along)
     python reproduce.py --add='wide:config/unified_char.py:--n_embd=192,--n_head=6'   # try an idea
-    python reproduce.py --grid=lr --seeds=1      # learning-rate sweep of baseline, noscale, unified (+ Muon)
-    python reproduce.py --grid=tuned             # then each of them at its own best rate, 3 seeds
+    python reproduce.py --grid=lr --seeds=1      # learning-rate sweep of baseline, noscale, unified (+ Muon);
+                                                 # its summary names the command that adds seeds at the best rates
     python reproduce.py --grid=scaling           # 4 sizes x 4 budgets: compute efficiency and scaling
 
 Node grids (FineWeb-Edu, 124M/350M, one run at a time through torchrun on all GPUs):
@@ -157,32 +157,10 @@ def scaling_grid():
     return v
 
 
-def tuned_grid():
-    """Issue 14.1: each family of the lr grid at the rate that was best there (seed 1), paired with the
-    baseline at *its* best rate: tuned against tuned. Needs `python reproduce.py --grid=lr --seeds=1` far enough
-    that each family's best rate has both its neighbours in LRS measured (or is at the end of LRS)."""
-    runs = os.path.join("results", "lr", "runs")
-    sweep = lr_sweep(collect(os.path.dirname(runs), lr_grid(), seeds={1},
-                             args_for=lambda v, s: run_args(v, MAX_ITERS, [], s, os.path.join(runs, v.name, f"seed{s}"))))
-    families = {v.name.rsplit("_lr", 1)[0] for v in lr_grid()}
-    for family in sorted(families):
-        by = sweep.get(family, {})
-        i = LRS.index(min(by, key=by.get)) if by else None
-        if i is None or any(LRS[j] not in by for j in (i - 1, i + 1) if 0 <= j < len(LRS)):
-            raise SystemExit(f"error: the tuned grid needs {family}'s best learning rate bracketed by the lr sweep "
-                             f"(measured so far: {sorted(by, key=float) or 'none'}): run `python reproduce.py --grid=lr "
-                             "--seeds=1` further first")
-    by_name, grid = {v.name: v for v in lr_grid()}, []
-    for family, by in sweep.items():
-        v = by_name[f"{family}_lr{min(by, key=by.get)}"]
-        grid.append(v._replace(name=family, baseline=v.baseline and v.baseline.rsplit("_lr", 1)[0]))
-    return grid
-
-
 GRIDS = {"default": default_grid, "core": lambda: core(default_grid()),
          # the paper's 0.12B table on one node: baseline, noscale, unified; node_full: every variant
          "node": node_grid(lambda: core(default_grid("124m"))), "node_full": node_grid(lambda: default_grid("124m")),
-         "node_350m": node_350m, "lr": lr_grid, "tuned": tuned_grid, "scaling": scaling_grid}
+         "node_350m": node_350m, "lr": lr_grid, "scaling": scaling_grid}
 
 
 def is_node_grid(grids, name):
@@ -424,13 +402,36 @@ def write_summary(out, rows, header, more=()):
 
 
 # ---- issue 14: tuned comparisons, compute efficiency, scaling ----------------------------------------
-def lr_sweep(results):
-    """{family: {lr: mean val loss}} from the lr grid's variant names <family>_lr<lr>."""
+def lr_sweep(results, seeds=(1,)):
+    """{family: {lr: mean val loss over `seeds`}} from the lr grid's variant names <family>_lr<lr>."""
     sweep = {}
     for name, res in results.items():
         family, lr = name.rsplit("_lr", 1)
-        sweep.setdefault(family, {})[lr] = float(np.mean([r["val_loss"] for r in res.values()]))
+        if any(s in res for s in seeds):
+            sweep.setdefault(family, {})[lr] = float(np.mean([res[s]["val_loss"] for s in seeds if s in res]))
     return sweep
+
+
+def tuned_rows(grid, results):
+    """Issue 14.1, tuned against tuned: each family at the rate that was best in the sweep (seed 1), paired
+    seed by seed with its baseline family at *that* family's best rate. bracketed: both neighbours of the best
+    rate in LRS were measured (or it is at the end of LRS); otherwise the optimum may lie further out."""
+    sweep, rows = lr_sweep(results), {}
+    for family, by in sweep.items():
+        best = min(by, key=by.get)
+        i = LRS.index(best)
+        rows[family] = {"family": family, "best_lr": best, "variant": f"{family}_lr{best}",
+                        "bracketed": all(LRS[j] in by for j in (i - 1, i + 1) if 0 <= j < len(LRS))}
+    by_name = {v.name: v for v in grid}
+    for r in rows.values():
+        v = by_name[r["variant"]]
+        base = rows.get(v.baseline.rsplit("_lr", 1)[0]) if v.baseline else None
+        if base:
+            res, bres = results[r["variant"]], results[base["variant"]]
+            seeds = sorted(set(res) & set(bres))
+            r.update(baseline=base["variant"], seeds=seeds, claim=v.claim,
+                     **dict(zip(("diff_mean", "diff_std"), mean_std([res[s]["val_loss"] - bres[s]["val_loss"] for s in seeds]))))
+    return list(rows.values())
 
 
 def fit_budget(budgets, losses):
@@ -507,22 +508,26 @@ def scaling_lines(rows):
     return lines
 
 
-def lr_lines(sweep):
+def lr_report(results):
+    sweep, rows = lr_sweep(results), tuned_rows(lr_grid(), results)
     lines = ["## Learning-rate sweep (issue 14.1)", "",
              "Validation loss, seed 1. AdamW families sweep `learning_rate` (the schedule ends at a tenth of it); Muon "
-             "families sweep `muon_lr` (AdamW's part keeps 1e-3). **Bold**: the family's best rate, which the "
-             "`tuned` grid then runs with 3 seeds. A best rate at either end would mean the sweep does not bracket "
-             "the optimum.", "", "| family | " + " | ".join(LRS) + " | best |", "|---" * (len(LRS) + 2) + "|"]
-    for family, by in sweep.items():
-        best = min(by, key=by.get)
-        cells = [("**%.4f**" if lr == best else "%.4f") % by[lr] if lr in by else "—" for lr in LRS]
-        lines.append(f"| {family} | {' | '.join(cells)} | {best}{' (at an edge)' if best in (LRS[0], LRS[-1]) else ''} |")
-    return lines
-
-
-def lr_report(results):
-    sweep = lr_sweep(results)
-    return lr_lines(sweep), {"sweep": sweep}
+             "families sweep `muon_lr` (AdamW's part keeps 1e-3). **Bold**: the family's best rate. A best rate whose "
+             "neighbours were not both measured is marked: the optimum may lie further out. — : not run (a family "
+             "whose loss already rose at the rate before needs no larger one).", "",
+             "| family | " + " | ".join(LRS) + " | best |", "|---" * (len(LRS) + 2) + "|"]
+    for r in rows:
+        by = sweep[r["family"]]
+        cells = [("**%.4f**" if lr == r["best_lr"] else "%.4f") % by[lr] if lr in by else "—" for lr in LRS]
+        lines.append(f"| {r['family']} | {' | '.join(cells)} | {r['best_lr']}{'' if r['bracketed'] else ' (not bracketed)'} |")
+    lines += ["", "### Tuned against tuned", "", "Each family at its best rate against its baseline at the baseline's "
+              "best rate, paired by seed.", "", "| variant | vs | seeds | paired diff (mean ± std) | paper's claim |",
+              "|---|---|---|---|---|"]
+    lines += [f"| {r['variant']} | {r['baseline']} | {len(r['seeds'])} | {pm(r['diff_mean'], r['diff_std'], '+.4f')} "
+              f"| {r['claim']} |" for r in rows if r.get("baseline")]
+    best = ",".join(r["variant"] for r in rows)
+    lines += ["", f"More seeds at the best rates: `python reproduce.py --grid=lr --seeds=3 --variants={best}`"]
+    return lines, {"sweep": sweep, "tuned": rows}
 
 
 def scaling_report(results):

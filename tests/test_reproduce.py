@@ -234,28 +234,25 @@ def test_scaling_report_factor_is_the_budget_the_baseline_needs(monkeypatch):
     assert abs(row["epochs_1x"] - 1000 * 768 / 1_003_854) < 1e-12
 
 
-def test_tuned_grid_takes_each_familys_best_rate_once_bracketed_and_pairs_it_with_the_tuned_baseline(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+def test_tuned_rows_pair_each_familys_best_rate_with_the_baselines_best_rate():
     best = {"baseline": "2e-3", "noscale": "4e-3", "unified": "1e-3", "baseline_muon": "4e-3", "unified_muon": "8e-3"}
-    lrs = reproduce.LRS
-    def write(v):
+    lrs, results = reproduce.LRS, {}
+    for v in reproduce.lr_grid():
         family, lr = v.name.rsplit("_lr", 1)
-        d = tmp_path / "results" / "lr" / "runs" / v.name / "seed1"
-        d.mkdir(parents=True)
-        args = reproduce.run_args(v, reproduce.MAX_ITERS, [], 1, os.path.join("results", "lr", "runs", v.name, "seed1"))
-        (d / "result.json").write_text(json.dumps({**fake(2.0 - (lr == best[family]) * 0.1), "args": args}))
-    # only the best rates and their neighbours: enough (unified's 4e-3 and 8e-3 are not needed) ...
-    needed = [v for v in reproduce.lr_grid() if abs(lrs.index(v.name.rsplit("_lr", 1)[1]) - lrs.index(best[v.name.rsplit("_lr", 1)[0]])) <= 1]
-    for k, v in enumerate(needed):
-        with pytest.raises(SystemExit, match="bracketed"):   # ... but all of them: one short is refused
-            reproduce.tuned_grid()
-        write(v)
-    tuned = {v.name: v for v in reproduce.tuned_grid()}
-    assert set(tuned) == set(best)
-    for family, v in tuned.items():
-        assert v.overrides == next(u for u in reproduce.lr_grid() if u.name == f"{family}_lr{best[family]}").overrides
-    assert tuned["noscale"].baseline == "baseline" and tuned["unified_muon"].baseline == "baseline_muon"
-    assert "--learning_rate=2e-3" in tuned["baseline"].overrides and "--muon_lr=8e-3" in tuned["unified_muon"].overrides
+        gap = abs(lrs.index(lr) - lrs.index(best[family]))
+        if family == "unified" and gap > 1:
+            continue   # not run: unified's best is bracketed all the same
+        results[v.name] = {s: fake(2.0 + 0.05 * gap + 0.01 * s + (family == "noscale") * 0.003 * s, s)
+                           for s in ((1, 2, 3) if gap == 0 else (1,))}
+    del results["baseline_muon_lr8e-3"]   # baseline_muon's best, 4e-3, then lacks a neighbour
+    rows = {r["family"]: r for r in reproduce.tuned_rows(reproduce.lr_grid(), results)}
+    assert {f: r["best_lr"] for f, r in rows.items()} == best
+    assert [f for f, r in rows.items() if not r["bracketed"]] == ["baseline_muon"]
+    assert rows["noscale"]["baseline"] == "baseline_lr2e-3" and rows["unified_muon"]["baseline"] == "baseline_muon_lr4e-3"
+    assert rows["noscale"]["seeds"] == [1, 2, 3] and abs(rows["noscale"]["diff_mean"] - 0.006) < 1e-12   # 0.003 s
+    assert "baseline" not in rows["baseline"]
+    lines, _ = reproduce.lr_report(results)
+    assert "--variants=baseline_lr2e-3,noscale_lr4e-3,unified_lr1e-3,baseline_muon_lr4e-3,unified_muon_lr8e-3" in lines[-1]
 
 
 def test_summary_counts_seeds_agreeing_in_sign_and_a_t_interval():
