@@ -1,22 +1,88 @@
 """
-Crash-safe checkpoints, shared by train.py and sample.py.
+Crash-safe checkpoints and the run folder (out_dir), shared by train.py and sample.py.
 
 A checkpoint is written to a temporary file in the same folder, flushed and
 fsynced, then renamed over its final name (a rename is atomic on POSIX), and only
 then does the `latest` pointer name it. A crash at any moment leaves the previous
 complete checkpoint and a pointer to it. The last `keep` checkpoints are kept.
 Loading uses torch.load(weights_only=True): tensors and plain Python values only.
+One trainer at a time holds out_dir/lock; a failed write (a full disk) is one
+CheckpointError that names the file and what `latest` still names.
 """
+import errno
+import fcntl
 import glob
+import json
 import os
-import pickle
-import zipfile
+import re
 
 import torch
 
+# the keys train.py writes: a file without them is not a checkpoint of this project
+REQUIRED_KEYS = ("model", "optimizers", "model_args", "config", "iter_num", "best_val_loss")
+
 
 class CheckpointError(RuntimeError):
-    """A checkpoint that is missing, truncated, corrupt or holds objects that are not allowed."""
+    """A checkpoint or run folder that is missing, corrupt, in use, or cannot be written."""
+
+
+def step_of(path):
+    """The iteration in a checkpoint's name (ckpt_0000250.pt -> 250), or None for any other file."""
+    m = re.fullmatch(r"ckpt_(\d+)\.pt", os.path.basename(path))
+    return int(m.group(1)) if m else None
+
+
+def checkpoints(out_dir):
+    """The ckpt_<iter>.pt files of out_dir, oldest first by iteration (not by name)."""
+    paths = [p for p in glob.glob(os.path.join(out_dir, "ckpt_*.pt")) if step_of(p) is not None]
+    return sorted(paths, key=step_of)
+
+
+def latest_name(out_dir):
+    """The file name `latest` holds, or None when out_dir has no `latest`."""
+    try:
+        with open(os.path.join(out_dir, "latest")) as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as e:   # a folder, unreadable, binary
+        raise CheckpointError(f"{os.path.join(out_dir, 'latest')} cannot be read ({e.strerror if isinstance(e, OSError) else e}): "
+                              "it should be a one-line file naming a checkpoint; restore or remove it") from None
+
+
+def write_error(path, e, out_dir):
+    """One sentence for a failed write: the file, the errno (ENOSPC: the disk is full), what `latest` still names."""
+    while not isinstance(e, OSError) and e.__context__ is not None:   # torch.save wraps the OSError of a write
+        e = e.__context__
+    if isinstance(e, OSError) and e.errno:
+        why = ("the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else e.strerror) + \
+              f" (errno {e.errno}, {errno.errorcode.get(e.errno, '?')})"
+    else:
+        why = f"{type(e).__name__}: {e}"
+    try:
+        still = latest_name(out_dir)
+    except CheckpointError:
+        still = None
+    return (f"cannot write {path}: {why}; `latest` still names {still or 'no checkpoint'}, which is complete: "
+            "free space and resume with --init_from=resume")
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # alive, another user's
+        return True
+    return True
+
+
+def _remove_stale_tmps(out_dir):
+    """Temporary files left by a writer that died mid-save; a live writer's file (another trainer) is left alone."""
+    for tmp in glob.glob(os.path.join(out_dir, "*.tmp*")):
+        pid = re.search(r"\.tmp(\d+)$", tmp)
+        if pid and (int(pid.group(1)) == os.getpid() or not _pid_alive(int(pid.group(1)))):
+            os.remove(tmp)
 
 
 def _atomic_write(path, write):
@@ -27,56 +93,58 @@ def _atomic_write(path, write):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        dir_fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)   # make the rename itself durable
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except (OSError, RuntimeError) as e:   # RuntimeError: torch.save's zip writer around the OSError
+        raise CheckpointError(write_error(path, e, os.path.dirname(path))) from None
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
-    dir_fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)   # make the rename itself durable
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def save(out_dir, state, iter_num, keep=3):
     """Write state as out_dir/ckpt_<iter>.pt, point `latest` at it, keep the newest `keep`. Returns the path."""
     os.makedirs(out_dir, exist_ok=True)
-    for stale in glob.glob(os.path.join(out_dir, "*.tmp*")):   # left by a process killed while saving
-        os.remove(stale)
+    _remove_stale_tmps(out_dir)
     path = os.path.join(out_dir, f"ckpt_{iter_num:07d}.pt")
     _atomic_write(path, lambda f: torch.save(state, f))
     _atomic_write(os.path.join(out_dir, "latest"), lambda f: f.write(os.path.basename(path).encode()))
-    for old in sorted(glob.glob(os.path.join(out_dir, "ckpt_*.pt")))[:-max(keep, 1)]:
-        if old != path:
-            os.remove(old)
+    # keep-last-K by iteration among this run's checkpoints (those up to iter_num); a later-numbered one
+    # (skipped by --resume_fallback) neither counts nor is deleted
+    ours = [p for p in checkpoints(out_dir) if step_of(p) <= iter_num]
+    for old in ours[:-max(keep, 1)]:
+        os.remove(old)
     return path
 
 
 def candidates(out_dir):
     """Complete checkpoints in out_dir, newest first: the one `latest` names, then older ones."""
-    try:
-        with open(os.path.join(out_dir, "latest")) as f:
-            latest = os.path.join(out_dir, f.read().strip())
-    except FileNotFoundError:
+    name = latest_name(out_dir)
+    if name is None:
         return []
-    older = [p for p in sorted(glob.glob(os.path.join(out_dir, "ckpt_*.pt")), reverse=True) if p < latest]
+    latest, step = os.path.join(out_dir, name), step_of(name)
+    older = [p for p in reversed(checkpoints(out_dir)) if step is not None and step_of(p) < step]
     return [latest] + older
 
 
 def load(path):
     """torch.load with weights_only=True, and one clear error for every way a file can be bad."""
-    if not os.path.exists(path):
-        raise CheckpointError(f"checkpoint {path} does not exist")
+    if not os.path.isfile(path):
+        raise CheckpointError(f"checkpoint {path} does not exist" + (" (it is a folder)" if os.path.isdir(path) else ""))
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        if "weights only" in str(e).lower():
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:   # torch.load raises a dozen types for a bad file (EOFError, IndexError, KeyError, ...)
+        if "global" in str(e).lower() and "weights only" in str(e).lower():   # a pickle that would run code
             raise CheckpointError(f"checkpoint {path} holds Python objects that weights_only loading refuses; "
                                   "it was not written by train.py, or was tampered with") from None
-        raise CheckpointError(f"checkpoint {path} is corrupt (unpickling failed); "
+        state = None
+    if not isinstance(state, dict) or any(k not in state for k in REQUIRED_KEYS):
+        raise CheckpointError(f"checkpoint {path} is corrupt or not a checkpoint of this project; "
                               "resume from an older one with --resume_fallback=True") from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as e:
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({type(e).__name__}); "
-                              "resume from an older one with --resume_fallback=True") from None
+    return state
 
 
 def load_latest(out_dir, fallback=False):
@@ -104,3 +172,69 @@ def restore_model(model, state, path):
         raise CheckpointError(f"checkpoint {path} does not fit this model ({shown}): it was written by another "
                               "config or another version of model.py; use that code, or train into a new out_dir")
     model.load_state_dict(state)
+
+
+# ---- the run folder ----------------------------------------------------------------------------------
+
+def check_out_dir(out_dir, init_from, overwrite):
+    """Read-only checks before a run writes anything: out_dir is a folder, and a scratch run does not
+    silently replace another run (its metrics and checkpoints) unless told to."""
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise CheckpointError(f"out_dir {out_dir} is a file, not a folder: pick another --out_dir")
+    if init_from == "scratch" and not overwrite and latest_name(out_dir) is not None:
+        raise CheckpointError(f"out_dir {out_dir} holds a run (`latest` names {latest_name(out_dir)}): continue it with "
+                              "--init_from=resume, pick another --out_dir, or replace it with --overwrite=True")
+
+
+_lock_file = None   # held open for the life of the process: the kernel releases the lock when it dies
+
+
+def lock(out_dir):
+    """Take out_dir/lock; a second trainer on the same out_dir gets one sentence naming the holder's pid."""
+    global _lock_file
+    os.makedirs(out_dir, exist_ok=True)
+    f = open(os.path.join(out_dir, "lock"), "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "unknown"
+        f.close()
+        raise CheckpointError(f"out_dir {out_dir} is in use by another trainer (pid {holder}): wait for it to "
+                              "end or stop it, or pick another --out_dir") from None
+    f.truncate(0)
+    f.write(str(os.getpid()))
+    f.flush()
+    _lock_file = f
+
+
+def clear_run(out_dir):
+    """Remove a previous run's checkpoints, `latest` and metrics (a scratch run with --overwrite=True)."""
+    for path in [*checkpoints(out_dir), os.path.join(out_dir, "latest"), os.path.join(out_dir, "metrics.jsonl")]:
+        if os.path.exists(path):
+            os.remove(path)
+
+
+def read_metrics(path):
+    """The records of a metrics.jsonl, and how many lines did not parse (a line torn by a full disk or a kill)."""
+    records, torn = [], 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                torn += 1
+    return records, torn
+
+
+def trim_metrics(path, iter_num):
+    """On resume, drop what the interrupted run logged after its checkpoint, and any torn line, so that the
+    file reads as one run; rewrites the file (atomically) only when something is dropped."""
+    if not os.path.exists(path):
+        return
+    records, torn = read_metrics(path)
+    kept = [r for r in records if isinstance(r, dict) and r.get("iter", 0) <= iter_num]
+    if torn:
+        print(f"note: dropped {torn} line(s) of {path} that did not parse (a write cut short)")
+    if len(kept) < len(records) + torn:
+        _atomic_write(path, lambda f: f.write("".join(json.dumps(r) + "\n" for r in kept).encode()))

@@ -39,6 +39,9 @@ GPT2_RANKS = ROOT / "data/raw/gpt2.tiktoken"
 GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 EOT = 50256
+# the fewest tokens a split may hold: train.py draws a sequence of block_size inputs and their next tokens
+# from more than block_size + 1 tokens, so even block_size=1 needs 3; fewer is a broken set, not a small one
+MIN_SPLIT_TOKENS = 3
 FINEWEB = "HuggingFaceFW/fineweb-edu (sample-10BT, streaming)"
 
 # -----------------------------------------------------------------------------
@@ -117,8 +120,11 @@ def staged_bins(out_dir):
     try:
         with open(tmps[0], "wb") as train_f, open(tmps[1], "wb") as val_f:
             yield train_f, val_f
-            for f in (train_f, val_f):
+            for f, split in ((train_f, "train"), (val_f, "val")):
                 f.flush()
+                if f.tell() < 2 * MIN_SPLIT_TOKENS:   # checked before the old set is touched
+                    raise SystemExit(f"error: the {split} split would hold {f.tell() // 2} token(s), fewer than the "
+                                     f"{MIN_SPLIT_TOKENS} a training sequence needs: give more text (nothing was written)")
                 os.fsync(f.fileno())
         (out_dir / "meta.json").unlink(missing_ok=True)  # from here the old set is no longer complete
         for tmp in tmps:
@@ -361,6 +367,8 @@ def main(argv=None):
 
     name = getattr(args, "name", None) or args.command
     out_dir = Path(args.out_dir) if args.out_dir else ROOT / "data" / name
+    if out_dir.exists() and not out_dir.is_dir():
+        raise SystemExit(f"error: --out_dir {out_dir} is a file, not a folder: pick another --out_dir")
     if args.command == "fineweb_edu":
         prepare_fineweb(out_dir, name, args.num_tokens, args.val_tokens, args.processes, args.data_files, args.text_field)
     elif args.command == "text":

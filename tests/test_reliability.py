@@ -1,5 +1,6 @@
 """Faults a long pre-training run meets: kills, preemption, bad checkpoints, bad data, a diverging loss.
 Each test runs train.py in subprocesses, as a cluster would."""
+import errno
 import json
 import os
 import random
@@ -147,3 +148,174 @@ def test_bad_data_says_what_to_run(workdir, fault, message):
         os.remove(bad / ("meta.json" if fault == "no_meta" else "val.bin"))
     p = train(workdir, f"--dataset=bad_{fault}", "--out_dir=out_bad", "--max_iters=2", check=False)
     assert p.returncode != 0 and message in p.stderr.strip().splitlines()[-1] and "Traceback" not in p.stderr, p.stderr
+
+
+# ---- checkpoint.py and the run folder, in-process ------------------------------------------------------
+
+def fake_state(step):
+    return {"model": {"w": torch.full((4,), float(step))}, "optimizers": [], "model_args": {}, "config": {},
+            "iter_num": step, "best_val_loss": 1.0}
+
+
+def bad_file(kind, path):
+    if kind == "legacy_truncated":   # torch.save's pre-zip format, cut short: IndexError or KeyError inside torch
+        torch.save(fake_state(1), path, _use_new_zipfile_serialization=False)
+        path.write_bytes(path.read_bytes()[:200])
+    elif kind == "random_bytes":
+        path.write_bytes(random.Random(0).randbytes(5000))
+    elif kind == "text":
+        path.write_text("hello world\n" * 100)
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "a_tensor":   # loads fine, but is not a checkpoint of this project
+        torch.save(torch.ones(3), path)
+    elif kind == "dict_without_keys":
+        torch.save({"model": {}}, path)
+
+
+BAD_FILES = ["legacy_truncated", "random_bytes", "text", "empty", "a_tensor", "dict_without_keys"]
+
+
+@pytest.mark.parametrize("kind", BAD_FILES)
+def test_any_file_that_does_not_load_is_corrupt_with_the_fallback_hint(tmp_path, kind):
+    bad_file(kind, tmp_path / "ckpt_0000002.pt")
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        checkpoint.load(tmp_path / "ckpt_0000002.pt")
+    assert "corrupt or not a checkpoint of this project" in str(e.value) and "--resume_fallback" in str(e.value)
+    # ... and --resume_fallback gets past it to the previous checkpoint
+    checkpoint.save(tmp_path, fake_state(1), 1)
+    (tmp_path / "latest").write_text("ckpt_0000002.pt")
+    path, state = checkpoint.load_latest(tmp_path, fallback=True)
+    assert state["iter_num"] == 1 and path.endswith("ckpt_0000001.pt")
+
+
+def test_a_latest_that_is_a_folder_is_one_sentence(tmp_path):
+    (tmp_path / "latest").mkdir()
+    with pytest.raises(checkpoint.CheckpointError, match="latest cannot be read"):
+        checkpoint.load_latest(tmp_path)
+
+
+def test_keep_last_k_counts_by_iteration_and_this_run_only(tmp_path):
+    """An older run's higher-numbered checkpoints (or a later one skipped by --resume_fallback) take no slot:
+    the newest `keep` of this run survive. Iterations past 9,999,999 sort by number, not by name."""
+    for step in (100, 200):
+        torch.save(fake_state(step), tmp_path / f"ckpt_{step:07d}.pt")
+    for step in (1, 2, 3):
+        checkpoint.save(tmp_path, fake_state(step), step, keep=2)
+    names = sorted(os.listdir(tmp_path))
+    assert "ckpt_0000002.pt" in names and "ckpt_0000003.pt" in names and "ckpt_0000001.pt" not in names
+    assert [os.path.basename(p) for p in checkpoint.candidates(tmp_path)] == ["ckpt_0000003.pt", "ckpt_0000002.pt"]
+    big = tmp_path / "big"
+    for step in (9_999_999, 10_000_000, 10_000_001):
+        checkpoint.save(big, fake_state(step), step, keep=2)
+    assert sorted(checkpoint.step_of(p) for p in checkpoint.checkpoints(big)) == [10_000_000, 10_000_001]
+    assert checkpoint.load_latest(big)[1]["iter_num"] == 10_000_001
+
+
+def test_save_deletes_only_temporary_files_whose_writer_is_gone(tmp_path):
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    try:
+        (tmp_path / f"ckpt_0000005.pt.tmp{alive.pid}").write_bytes(b"another trainer, mid-write")
+        (tmp_path / f"ckpt_0000005.pt.tmp{dead.pid}").write_bytes(b"left by a kill -9")
+        checkpoint.save(tmp_path, fake_state(1), 1)
+        left = os.listdir(tmp_path)
+        assert f"ckpt_0000005.pt.tmp{alive.pid}" in left and f"ckpt_0000005.pt.tmp{dead.pid}" not in left
+    finally:
+        alive.kill()
+        alive.wait()
+
+
+def test_a_second_trainer_on_one_out_dir_is_refused_naming_the_holder(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time, checkpoint; checkpoint.lock(sys.argv[1]); "
+                               "print('locked', flush=True); time.sleep(30)", str(tmp_path)],
+                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(checkpoint.CheckpointError, match=f"in use by another trainer \\(pid {holder.pid}\\)"):
+            checkpoint.lock(tmp_path)
+    finally:
+        holder.kill()
+        holder.wait()
+    checkpoint.lock(tmp_path)   # the kernel released the dead holder's lock
+    assert (tmp_path / "lock").read_text() == str(os.getpid())
+    checkpoint._lock_file.close()
+
+
+class FullDisk:
+    """A file whose writes fail with ENOSPC after `room` bytes, as on a full disk."""
+    def __init__(self, path, mode, room):
+        self.f, self.room = open(path, mode), room
+    def write(self, b):
+        self.room -= len(b)
+        if self.room < 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return self.f.write(b)
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+    def __enter__(self):
+        return self
+    def __exit__(self, *exc):
+        self.f.close()
+
+
+@pytest.mark.parametrize("room", [100, 0])   # mid-way through torch.save's zip writer / at the first byte
+def test_a_full_disk_is_one_sentence_and_latest_keeps_the_previous_checkpoint(tmp_path, monkeypatch, room):
+    checkpoint.save(tmp_path, fake_state(1), 1)
+    before = sorted(os.listdir(tmp_path))
+    monkeypatch.setattr(checkpoint, "open", lambda path, mode="r": FullDisk(path, mode, room), raising=False)
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        checkpoint.save(tmp_path, fake_state(2), 2)
+    msg = str(e.value)
+    assert "ckpt_0000002.pt" in msg and "disk is full (errno 28, ENOSPC)" in msg and "still names ckpt_0000001.pt" in msg, msg
+    monkeypatch.undo()
+    assert sorted(os.listdir(tmp_path)) == before   # no temporary file left, nothing else touched
+    assert checkpoint.load_latest(tmp_path)[1]["iter_num"] == 1
+
+
+def test_resume_drops_a_torn_metrics_line_and_what_came_after_the_checkpoint(tmp_path, capsys):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"kind": "train", "iter": i}) + "\n" for i in (1, 2, 3)) + '{"kind": "tr')
+    checkpoint.trim_metrics(path, 2)
+    assert [json.loads(line)["iter"] for line in path.read_text().splitlines()] == [1, 2]
+    assert "dropped 1 line(s)" in capsys.readouterr().out
+    mtime = path.stat().st_mtime_ns
+    checkpoint.trim_metrics(path, 2)   # nothing to drop: nothing written (a resume on a full disk)
+    assert path.stat().st_mtime_ns == mtime
+
+
+def test_check_out_dir_refuses_a_file_and_a_scratch_run_over_another_run(tmp_path):
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(checkpoint.CheckpointError, match="is a file"):
+        checkpoint.check_out_dir(tmp_path / "a_file", "resume", False)
+    checkpoint.save(tmp_path / "run", fake_state(1), 1)
+    with pytest.raises(checkpoint.CheckpointError, match="--overwrite=True"):
+        checkpoint.check_out_dir(tmp_path / "run", "scratch", False)
+    checkpoint.check_out_dir(tmp_path / "run", "scratch", True)
+    checkpoint.check_out_dir(tmp_path / "run", "resume", False)
+    checkpoint.check_out_dir(tmp_path / "new", "scratch", False)
+
+
+# ---- prepare_data.py: never replace a good set with a broken one -----------------------------------------
+
+@pytest.mark.parametrize("text", ["", "a", "ab"])
+def test_prepare_data_refuses_a_split_too_short_to_train_and_keeps_the_old_set(tmp_path, text):
+    import prepare_data
+    good, out = tmp_path / "good.txt", tmp_path / "data"
+    good.write_text("First Citizen: before we proceed any further, hear me speak.\n" * 10)
+    prepare_data.main(["text", "--input", str(good), "--name", "x", "--tokenizer", "char", "--out_dir", str(out)])
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    (tmp_path / "bad.txt").write_text(text)
+    with pytest.raises(SystemExit) as e:
+        prepare_data.main(["text", "--input", str(tmp_path / "bad.txt"), "--name", "x", "--tokenizer", "char", "--out_dir", str(out)])
+    assert str(e.value.code).startswith("error:") and "fewer than the 3 a training sequence needs" in str(e.value.code)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_prepare_data_out_dir_that_is_a_file(tmp_path):
+    import prepare_data
+    (tmp_path / "f").write_text("x")
+    (tmp_path / "in.txt").write_text("some text " * 20)
+    with pytest.raises(SystemExit, match="is a file"):
+        prepare_data.main(["text", "--input", str(tmp_path / "in.txt"), "--name", "x", "--out_dir", str(tmp_path / "f")])
