@@ -7,12 +7,17 @@ Positional args are Python config files, applied in order (later wins); every
 defaults and values must match the default's type (an int is accepted for a
 float; a None default accepts anything). A str default takes the raw text, so
 --out_dir=123 and --init_from=None stay strings. -h/--help lists the keys.
+Config files are Python and are executed: run only config files you trust.
 
-    config = configure({k: globals()[k] for k in config_keys}, sys.argv[1:])
+    config = configure({k: globals()[k] for k in config_keys}, sys.argv[1:], TRAIN_RULES)
+
+TRAIN_RULES is the one table of the values train.py allows, checked before it writes anything.
 """
 import ast
+import math
 import difflib
 import os
+import re
 import runpy
 import sys
 import types
@@ -81,9 +86,9 @@ def _parse(key, raw, default):
                           f"could not parse {raw!r} (from --{key}={raw})") from None
 
 
-def configure(defaults: dict, argv: list) -> dict:
+def configure(defaults: dict, argv: list, rules=None) -> dict:
     """Return a copy of defaults updated by each config file in argv (positional
-    args, in order) and then by each --key=value."""
+    args, in order) and then by each --key=value; each value then meets its rule."""
     if "-h" in argv or "--help" in argv:
         for k in sorted(defaults):
             print(f"--{k}={defaults[k]!r}  ({type(defaults[k]).__name__})")
@@ -106,4 +111,59 @@ def configure(defaults: dict, argv: list) -> dict:
     for key, raw, arg in overrides:
         _known(key, defaults, f"from {arg}")
         config[key] = _check(key, _parse(key, raw, defaults[key]), defaults, f"from {arg}")
+    for key, (ok, allowed) in (rules or {}).items():
+        if key in config and not ok(config[key]):
+            raise ConfigError(f"{key}={config[key]!r} is out of range: it must be {allowed}")
     return config
+
+
+# ---- allowed values ------------------------------------------------------------------------------
+# a rule is (predicate, the allowed range in words); numbers must also be finite
+
+def at_least(lo):
+    return (lambda v: math.isfinite(v) and v >= lo, f">= {lo}")
+
+
+def above(lo):
+    return (lambda v: math.isfinite(v) and v > lo, f"> {lo}")
+
+
+def fraction(hi_open=True):
+    return (lambda v: 0 <= v < 1 if hi_open else 0 <= v <= 1, "in [0, 1)" if hi_open else "in [0, 1]")
+
+
+def one_of(*values):
+    return (lambda v: v in values, "one of " + ", ".join(map(repr, values)))
+
+
+DEVICE = re.compile(r"(cpu|cuda(:\d+)?|mps)?")
+
+TRAIN_RULES = {
+    "out_dir": (lambda v: v.strip() != "", "a folder name"),
+    "init_from": one_of("scratch", "resume"),
+    "eval_interval": at_least(1), "eval_iters": at_least(1), "log_interval": at_least(1), "keep_checkpoints": at_least(1),
+    "dataset": (lambda v: v.strip() != "", "a folder name under data/"),
+    "batch_size": at_least(1), "gradient_accumulation_steps": at_least(1),
+    "block_size": at_least(1), "vocab_pad": at_least(1), "n_layer": at_least(1), "n_head": at_least(1), "n_embd": at_least(1),
+    "optimizer": one_of("adamw", "muon"),
+    "learning_rate": above(0), "muon_lr": at_least(0), "muon_momentum": fraction(), "max_iters": at_least(0),
+    "weight_decay": at_least(0), "sv_weight_decay": one_of("none", "all", "iwd"),
+    "beta1": fraction(), "beta2": fraction(), "grad_clip": at_least(0),
+    "lr_schedule": one_of("cosine", "wsd", "constant"), "warmup_iters": at_least(0), "lr_decay_iters": at_least(0),
+    "min_lr": at_least(0), "wsd_decay_frac": fraction(hi_open=False), "wsd_shape": one_of("linear", "1-sqrt"),
+    "device": (lambda v: DEVICE.fullmatch(v) is not None, "'' (pick one), 'cpu', 'cuda', 'cuda:N' or 'mps'"),
+    "dtype": one_of("", "float32", "bfloat16"), "mfu_peak_flops": at_least(0),
+}
+
+
+def check_device(device):
+    """'' or a device this machine has, else ConfigError: --device=cuda on a machine without CUDA is one sentence."""
+    if DEVICE.fullmatch(device) is None:
+        raise ConfigError(f"device={device!r} is out of range: it must be {TRAIN_RULES['device'][1]}")
+    import torch
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device={device!r} but this machine has no CUDA device torch can use: use --device=cpu (or leave it empty)")
+    if device.startswith("cuda:") and int(device[5:]) >= torch.cuda.device_count():
+        raise ConfigError(f"device={device!r} but this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("device='mps' but this machine has no MPS device torch can use: use --device=cpu (or leave it empty)")

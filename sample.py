@@ -3,6 +3,8 @@ Sample from a trained model: the newest complete checkpoint of out_dir.
 
     python sample.py --out_dir=out/shakespeare_char --start="ROMEO:" --num_samples=2 --max_new_tokens=300
     python sample.py --out_dir=out/shakespeare_char --start=FILE:prompt.txt
+
+Config files given as arguments are Python and are executed, as in train.py: run only those you trust.
 """
 import os
 import sys
@@ -10,7 +12,7 @@ import sys
 import torch
 
 import checkpoint
-from configurator import ConfigError, configure
+from configurator import ConfigError, check_device, configure
 from model import GPT, GPTConfig, default_device
 from prepare_data import get_tokenizer, load_meta
 
@@ -25,6 +27,7 @@ device = ""             # "" picks cuda, then mps, then cpu
 
 try:
     globals().update(configure({k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, str))}, sys.argv[1:]))
+    check_device(device)
     path, ckpt = checkpoint.load_latest(out_dir)
 except (ConfigError, checkpoint.CheckpointError) as e:
     sys.exit(f"error: {e}")
@@ -39,11 +42,19 @@ except (TypeError, ValueError) as e:   # model_args of another version of model.
 except checkpoint.CheckpointError as e:
     sys.exit(f"error: {e}")
 model.eval().to(device)
-encode, decode = get_tokenizer(load_meta(os.path.join("data", ckpt["config"]["dataset"])))
+meta = load_meta(os.path.join("data", ckpt["config"]["dataset"]))
+if meta["vocab_size"] != ckpt["model_args"]["vocab_size"]:   # the dataset was prepared again, another tokenizer or text
+    sys.exit(f"error: {path} was trained on a vocabulary of {ckpt['model_args']['vocab_size']} tokens, but "
+             f"data/{ckpt['config']['dataset']}/meta.json now has {meta['vocab_size']}: prepare that dataset as it was for this checkpoint")
+encode, decode = get_tokenizer(meta)
 
 if start.startswith("FILE:"):
-    with open(start[5:], encoding="utf-8") as f:
-        start = f.read()
+    try:
+        with open(start[5:], encoding="utf-8") as f:
+            start = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        sys.exit(f"error: cannot read the prompt file {start[5:]!r} "
+                 f"({e.strerror if isinstance(e, OSError) else 'not UTF-8 text'}): give a UTF-8 text file")
 try:
     ids = encode(start)
 except ValueError as e:   # a character outside a char-level vocabulary

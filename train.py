@@ -3,15 +3,17 @@ Pre-train the GPT of model.py on one process, or on many with DDP through torchr
 
     python train.py config/shakespeare_char.py                        # a laptop CPU, a few minutes
     python train.py config/shakespeare_char.py --init_from=resume     # continue from the last checkpoint
+    python train.py config/shakespeare_char.py --overwrite=True       # start again in an out_dir that holds a run
     torchrun --standalone --nproc_per_node=8 train.py config/unified_124m.py
 
 Every module-level name below the imports is a config key: a config file sets some,
 then --key=value overrides (configurator.py); `python train.py --help` lists them.
+Config files are Python, executed by train.py: run only those you trust. The values each key
+allows are one table, configurator.TRAIN_RULES, checked before anything is written.
 """
 import json
 import math
 import os
-import random
 import signal
 import sys
 import time
@@ -24,7 +26,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import checkpoint
-from configurator import ConfigError, configure
+from configurator import TRAIN_RULES, ConfigError, check_device, configure
 from model import GPT, GPTConfig, default_device, peak_flops
 from prepare_data import load_meta
 
@@ -35,6 +37,7 @@ eval_interval = 250
 eval_iters = 20            # fixed validation batches: the same ones at every eval and in every run
 log_interval = 10
 init_from = "scratch"      # "scratch" | "resume" (the newest complete checkpoint in out_dir)
+overwrite = False          # scratch into an out_dir that holds a run: True deletes its checkpoints and metrics
 resume_fallback = False    # on resume, skip a corrupt newest checkpoint for the one before it
 keep_checkpoints = 3
 # data
@@ -46,7 +49,7 @@ globals().update({f.name: f.default for f in fields(GPTConfig) if f.name != "voc
 # optimizer
 optimizer = "adamw"        # "adamw" | "muon": Muon for the 2-D hidden matrices, AdamW for the rest
 learning_rate = 6e-4       # AdamW's
-muon_lr = None             # None: learning_rate (Muon's update is scaled to AdamW's RMS, "match_rms_adamw")
+muon_lr = 0.0              # 0: learning_rate (Muon's update is scaled to AdamW's RMS, "match_rms_adamw")
 muon_momentum = 0.95
 max_iters = 5000
 weight_decay = 0.1         # on matrices and embeddings
@@ -57,7 +60,7 @@ grad_clip = 1.0            # 0 disables
 # learning rate: linear warmup, then a schedule that ends at min_lr (as a fraction of each group's lr)
 lr_schedule = "cosine"     # "cosine" | "wsd" (warmup-stable-decay) | "constant"
 warmup_iters = 100
-lr_decay_iters = None      # None: max_iters; the schedule's end
+lr_decay_iters = 0         # 0: max_iters; the schedule's end
 min_lr = 6e-5
 wsd_decay_frac = 0.2       # wsd: the last 20% of lr_decay_iters decay
 wsd_shape = "linear"       # wsd: "linear" | "1-sqrt" (Hagele et al. 2024)
@@ -69,17 +72,15 @@ seed = 1337                # fixes the initialization and the order of training 
 mfu_peak_flops = 0.0       # FLOP/s that MFU divides by; 0: a table of GPUs, or a short matmul probe on a CPU
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))]
-try:
-    config = configure({k: globals()[k] for k in config_keys}, sys.argv[1:])
-except ConfigError as e:
+try:   # every check that needs no data comes first: nothing is written to out_dir before all pass
+    config = configure({k: globals()[k] for k in config_keys}, sys.argv[1:], TRAIN_RULES)
+    check_device(config["device"])
+    checkpoint.check_out_dir(config["out_dir"], config["init_from"], config["overwrite"])
+except (ConfigError, checkpoint.CheckpointError) as e:
     sys.exit(f"error: {e}")
 globals().update(config)
 lr_decay_iters = lr_decay_iters or max_iters
 muon_lr = muon_lr or learning_rate
-for key, allowed in (("sv_weight_decay", ("none", "all", "iwd")), ("optimizer", ("adamw", "muon")),
-                     ("lr_schedule", ("cosine", "wsd", "constant")), ("wsd_shape", ("linear", "1-sqrt"))):
-    if config[key] not in allowed:
-        sys.exit(f"error: {key} must be one of {', '.join(map(repr, allowed))}, not {config[key]!r}")
 
 # ---- processes and device -----------------------------------------------------
 ddp = "RANK" in os.environ   # set by torchrun
@@ -98,8 +99,6 @@ if gradient_accumulation_steps % world_size:
 accum = gradient_accumulation_steps // world_size   # micro-steps per process
 device_type = torch.device(device).type
 dtype = dtype or ("bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32")
-if dtype not in ("float32", "bfloat16"):
-    sys.exit(f"error: dtype must be 'float32' or 'bfloat16', not {dtype!r}")
 autocast = torch.autocast(device_type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
 torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
@@ -113,23 +112,33 @@ meta = load_meta(data_dir)
 
 
 def split_tokens(split):
-    path = os.path.join(data_dir, f"{split}.bin")
-    if not os.path.exists(path):
-        sys.exit(f"error: {path} is missing: prepare the dataset again (python prepare_data.py ...)")
     # a new memmap each time: a long-lived one grows the process's memory (nanoGPT's note)
-    data = np.memmap(path, dtype=np.uint16, mode="r")
+    return np.memmap(os.path.join(data_dir, f"{split}.bin"), dtype=np.uint16, mode="r")
+
+
+def check_split(split):
+    """At start, for both splits (a val split too short for block_size would otherwise fail only at the first
+    eval): the file exists, holds more than block_size + 1 tokens, and no id beyond the vocabulary."""
+    path = os.path.join(data_dir, f"{split}.bin")
+    if not os.path.isfile(path) or os.path.getsize(path) == 0:
+        sys.exit(f"error: {path} is {'empty' if os.path.isfile(path) else 'missing'}: prepare the dataset again (python prepare_data.py ...)")
+    data = split_tokens(split)
     if len(data) <= block_size + 1:
-        sys.exit(f"error: {data_dir}/{split}.bin has {len(data)} tokens, not more than block_size={block_size}: "
+        sys.exit(f"error: {path} has {len(data)} tokens, not more than block_size={block_size} + 1: "
                  "lower --block_size or prepare more text")
-    return data
+    top = max(int(data[i : i + (1 << 26)].max()) for i in range(0, len(data), 1 << 26))   # ~1 s per GB
+    if top >= meta["vocab_size"]:
+        sys.exit(f"error: {path} holds token id {top}, beyond vocab_size={meta['vocab_size']} "
+                 "in meta.json: the data and its meta.json disagree; prepare the dataset again")
+
+
+for split in ("train", "val"):
+    check_split(split)
 
 
 def batch_at(data, starts):
     x = np.stack([data[i : i + block_size] for i in starts]).astype(np.int64)
     y = np.stack([data[i + 1 : i + 1 + block_size] for i in starts]).astype(np.int64)
-    if max(x.max(), y.max()) >= meta["vocab_size"]:
-        sys.exit(f"error: {data_dir} holds token id {max(x.max(), y.max())}, beyond vocab_size={meta['vocab_size']} "
-                 "in meta.json: the data and its meta.json disagree; prepare the dataset again")
     x, y = torch.from_numpy(x), torch.from_numpy(y)
     if device_type == "cuda":
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
@@ -169,8 +178,12 @@ if init_from == "resume":
     iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
     if master:
         print(f"resuming from {ckpt_path} at iteration {iter_num}")
-elif init_from != "scratch":
-    sys.exit(f"error: init_from must be 'scratch' or 'resume', not {init_from!r}")
+        # the command line wins on resume (learning rate, max_iters, batch); a new global batch is legal but worth a line
+        old = ckpt["config"]
+        old_tokens = old.get("gradient_accumulation_steps", 0) * old.get("batch_size", 0) * old.get("block_size", 0)
+        if old_tokens != tokens_per_iter:
+            print(f"warning: the checkpoint was trained with {old_tokens:,} tokens per iteration, this run uses "
+                  f"{tokens_per_iter:,} (gradient_accumulation_steps x batch_size x block_size)")
 
 try:
     gpt_config = GPTConfig(**model_args)
@@ -216,11 +229,6 @@ if ckpt:
         opt.load_state_dict(state)   # this also restores the saved lr, weight decay, betas...
         for group, hparams in zip(opt.param_groups, config_hparams):
             group.update(hparams)    # ...but the config of this run is the one to follow
-    random.setstate(ckpt["rng"]["python"])
-    np.random.set_state((ckpt["rng"]["numpy"][0], ckpt["rng"]["numpy"][1].numpy(), *ckpt["rng"]["numpy"][2:]))
-    torch.set_rng_state(ckpt["rng"]["torch"])
-    if device_type == "cuda" and "cuda" in ckpt["rng"]:
-        torch.cuda.set_rng_state(ckpt["rng"]["cuda"])
 ckpt = None   # free memory
 if compile:
     model = torch.compile(model)
@@ -229,14 +237,26 @@ if ddp:
 
 
 def save_checkpoint():
-    np_state = np.random.get_state()
-    state = {"model": raw_model.state_dict(), "optimizers": [o.state_dict() for o in optimizers], "model_args": model_args,
-             "config": config, "iter_num": iter_num, "best_val_loss": best_val_loss,
-             "rng": {"python": random.getstate(), "torch": torch.get_rng_state(),
-                     "numpy": [np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]],
-                     **({"cuda": torch.cuda.get_rng_state()} if device_type == "cuda" else {})}}
-    path = checkpoint.save(out_dir, state, iter_num, keep_checkpoints)
-    print(f"saved {path}")
+    """Called by every process: a checkpoint only of a finite last-step loss and finite weights (a NaN one
+    must never become `latest`); the master writes it, the others wait until it is complete. No RNG state is
+    saved: nothing draws from a global generator (batches come from (seed, step), the model has no dropout)."""
+    weights_ok = torch.stack([p.isfinite().all() for p in raw_model.parameters()]).all()
+    bad = torch.stack([~step_loss.isfinite(), ~weights_ok]).float()
+    if ddp:
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    stop_if_diverged("training loss", math.nan if bad[0] else 0.0)
+    stop_if_diverged("a weight", math.nan if bad[1] else 0.0)
+    path = None
+    if master:
+        state = {"model": raw_model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
+                 "model_args": model_args, "config": config, "iter_num": iter_num, "best_val_loss": best_val_loss}
+        try:
+            path = checkpoint.save(out_dir, state, iter_num, keep_checkpoints)
+        except checkpoint.CheckpointError as e:   # a full disk: `latest` still names the previous checkpoint
+            sys.exit(f"error: {e}")
+        print(f"saved {path}")
+    if ddp:
+        dist.barrier()
     return path
 
 
@@ -274,24 +294,28 @@ def evaluate():
     return out
 
 
-# ---- metrics: one JSON record per line, for plots -------------------------------------
+# ---- the run folder, written from here on: a lock, then metrics (one JSON record per line, for plots) -----
 metrics_path = os.path.join(out_dir, "metrics.jsonl")
 if master:
-    os.makedirs(out_dir, exist_ok=True)
-    if init_from == "resume" and os.path.exists(metrics_path):   # drop what the interrupted run logged after
-        with open(metrics_path) as f:                            # the checkpoint, so the file reads as one run
-            kept = [r for r in map(json.loads, f) if r["iter"] <= iter_num]
-        with open(metrics_path + ".tmp", "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in kept)
-        os.replace(metrics_path + ".tmp", metrics_path)
-    elif init_from == "scratch" and os.path.exists(metrics_path):
-        os.remove(metrics_path)
-    metrics_file = open(metrics_path, "a")
+    try:
+        checkpoint.lock(out_dir)   # one trainer per out_dir (a requeued job overlapping the old one)
+        if init_from == "scratch":
+            checkpoint.clear_run(out_dir)   # a former run is here only with --overwrite=True (check_out_dir)
+        else:
+            checkpoint.trim_metrics(metrics_path, iter_num)
+        metrics_file = open(metrics_path, "a")
+    except checkpoint.CheckpointError as e:
+        sys.exit(f"error: {e}")
+    except OSError as e:
+        sys.exit(f"error: {checkpoint.write_error(metrics_path, e, out_dir)}")
 
 
 def log_metrics(record):
-    metrics_file.write(json.dumps(record) + "\n")
-    metrics_file.flush()
+    try:
+        metrics_file.write(json.dumps(record) + "\n")
+        metrics_file.flush()
+    except OSError as e:
+        sys.exit(f"error: {checkpoint.write_error(metrics_path, e, out_dir)}")
 
 
 # ---- preemption: SIGTERM / SIGINT finish the step, save, and exit 0 -----------------------
@@ -303,17 +327,17 @@ signal.signal(signal.SIGINT, lambda sig, frame: stop_signal.append(sig))
 def stop_requested():
     if not ddp:
         return bool(stop_signal)
-    if iter_num % log_interval:   # the processes agree once per log interval: a sync every step would cost speed
-        return False
+    # the processes agree every step: torchrun sends SIGKILL 30 s after SIGTERM, too soon for a check every
+    # log_interval steps; one 1-element all-reduce per step is cheap
     flag = torch.tensor(float(bool(stop_signal)), device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)   # all stop together, or the others would wait forever
     return flag.item() > 0
 
 
-def stop_if_diverged(which, loss):
-    """A non-finite loss ends the run before anything is saved, naming the last good checkpoint."""
-    if not math.isfinite(loss):
-        sys.exit(f"error: {which} loss is {loss} at step {iter_num}; the last good checkpoint is "
+def stop_if_diverged(which, value):
+    """A non-finite loss or weight ends the run before anything is saved, naming the last good checkpoint."""
+    if not math.isfinite(value):
+        sys.exit(f"error: {which} is {value} at step {iter_num}; the last good checkpoint is "
                  f"{last_ckpt or 'none'}: resume from it with --init_from=resume and a lower learning_rate")
 
 
@@ -321,6 +345,7 @@ def stop_if_diverged(which, loss):
 flops_per_iter = raw_model.flops_per_token() * tokens_per_iter
 peak = mfu_peak_flops or peak_flops(torch.device(device), torch.bfloat16 if dtype == "bfloat16" else torch.float32)
 start_iter, last_ckpt = iter_num, (ckpt_path if init_from == "resume" else None)
+step_loss = torch.zeros((), device=device)   # the last step's loss, checked before every save
 t0, timed_steps = time.perf_counter(), 0
 while True:
     if (iter_num % eval_interval == 0 or iter_num == max_iters) and not (iter_num == start_iter and start_iter > 0):
@@ -330,19 +355,17 @@ while True:
             log_metrics({"kind": "eval", "iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"],
                          "lr": learning_rate * lr_factor(iter_num), "scale_vectors": raw_model.scale_vector_stats(),
                          "moe": raw_model.moe_stats()})
-        stop_if_diverged("validation", losses["val"])
+        stop_if_diverged("validation loss", losses["val"])
         best_val_loss = min(best_val_loss, losses["val"])
-        if iter_num > start_iter and master:
+        if iter_num > start_iter:
             last_ckpt = save_checkpoint()
-        if ddp:
-            dist.barrier()   # the other processes wait until the checkpoint is complete
         t0, timed_steps = time.perf_counter(), 0   # evaluation is not training time
     if iter_num >= max_iters:
         break
     if stop_requested():
         if master:
             print(f"stop signal at step {iter_num}: saving and exiting")
-            save_checkpoint()
+        save_checkpoint()   # ends with a barrier: no process tears down the group while the master writes
         break
 
     factor = lr_factor(iter_num)
@@ -374,7 +397,7 @@ while True:
         loss_f = step_loss.item()   # waits for the device: only once per log interval
         dt = (time.perf_counter() - t0) / timed_steps
         t0, timed_steps = time.perf_counter(), 0
-        stop_if_diverged("training", loss_f)
+        stop_if_diverged("training loss", loss_f)
         if master:
             mfu = flops_per_iter / dt / peak
             print(f"iter {iter_num}: loss {loss_f:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter, "
