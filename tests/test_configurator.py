@@ -199,3 +199,50 @@ def test_validation_does_not_rely_on_assert():
     r = subprocess.run([sys.executable, "-O", "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "ok"
+
+
+# ---- train.py's allowed values: one sentence naming the key, its value and the range -----------------------
+from configurator import TRAIN_RULES, check_device  # noqa: E402
+
+TRAIN = {"out_dir": "out", "init_from": "scratch", "eval_interval": 250, "eval_iters": 20, "log_interval": 10,
+         "keep_checkpoints": 3, "dataset": "shakespeare_char", "batch_size": 12, "gradient_accumulation_steps": 1,
+         "block_size": 1024, "vocab_pad": 64, "n_layer": 12, "n_head": 12, "n_embd": 768, "optimizer": "adamw",
+         "learning_rate": 6e-4, "muon_lr": 0.0, "muon_momentum": 0.95, "max_iters": 5000, "weight_decay": 0.1,
+         "sv_weight_decay": "none", "beta1": 0.9, "beta2": 0.95, "grad_clip": 1.0, "lr_schedule": "cosine",
+         "warmup_iters": 100, "lr_decay_iters": 0, "min_lr": 6e-5, "wsd_decay_frac": 0.2, "wsd_shape": "linear",
+         "device": "", "dtype": "", "mfu_peak_flops": 0.0}
+
+
+def test_every_rule_names_a_train_key_and_the_defaults_pass():
+    assert set(TRAIN_RULES) <= set(TRAIN)
+    assert configure(TRAIN, [], TRAIN_RULES) == TRAIN
+    for good in ("--max_iters=0", "--grad_clip=0", "--weight_decay=0", "--device=cuda:1", "--device=cpu",
+                 "--wsd_decay_frac=1", "--learning_rate=1e30", "--muon_lr=0.02"):
+        configure(TRAIN, [good], TRAIN_RULES)
+    ok = TRAIN_RULES["learning_rate"][0]   # a config file can set these; --key=value cannot
+    assert not ok(float("nan")) and not ok(float("inf"))
+
+
+@pytest.mark.parametrize("arg", ["--batch_size=0", "--block_size=0", "--eval_interval=0", "--log_interval=0",
+                                 "--vocab_pad=0", "--learning_rate=-0.001", "--learning_rate=0", "--beta2=1.5", "--beta1=-0.1", "--weight_decay=-0.1",
+                                 "--grad_clip=-1", "--gradient_accumulation_steps=0", "--eval_iters=0", "--device=tpu",
+                                 "--device=cuda0", "--muon_lr=-1", "--min_lr=-1", "--keep_checkpoints=0",
+                                 "--init_from=resum", "--dtype=float16", "--optimizer=sgd", "--out_dir=",
+                                 "--n_head=0", "--warmup_iters=-1", "--max_iters=-1"])
+def test_a_value_out_of_range_is_one_sentence_naming_key_value_and_range(arg):
+    key, _, raw = arg[2:].partition("=")
+    with pytest.raises(ConfigError) as e:
+        configure(TRAIN, [arg], TRAIN_RULES)
+    msg = str(e.value)
+    assert msg.startswith(f"{key}=") and raw in msg and "must be" in msg and "\n" not in msg, msg
+
+
+def test_a_device_this_machine_lacks_is_one_sentence():
+    import torch
+    check_device("cpu")
+    check_device("")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="no CUDA device"):
+            check_device("cuda")
+    with pytest.raises(ConfigError, match="out of range"):
+        check_device("tpu")

@@ -4,6 +4,7 @@ import errno
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -31,9 +32,21 @@ def wait_for(predicate, timeout=60):
         time.sleep(0.05)
 
 
-def test_sigterm_finishes_the_step_saves_and_exits_0(workdir):
+def read_until(p, prefix):
+    """Read p's stdout up to a line that starts with prefix (the loop has started once 'step 0:' is out)."""
+    for line in p.stdout:
+        if line.startswith(prefix):
+            return line
+    raise AssertionError(f"no line starting with {prefix!r}: {p.stderr.read()}")
+
+
+@pytest.mark.slow
+def test_sigterm_finishes_the_step_saves_and_exits_0_and_a_second_trainer_is_refused(workdir):
     p = start(workdir, "--out_dir=out_term", "--max_iters=100000", "--eval_interval=100000")
     wait_for(lambda: os.path.exists(workdir / "out_term" / "metrics.jsonl") and len(records(workdir, "out_term", "train")) >= 3)
+    # a requeued job on the same out_dir while this one runs: one sentence naming the holder, nothing touched
+    second = train(workdir, "--out_dir=out_term", "--overwrite=True", check=False)
+    assert second.returncode != 0 and f"in use by another trainer (pid {p.pid})" in second.stderr, second.stderr
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 0, err
@@ -43,28 +56,104 @@ def test_sigterm_finishes_the_step_saves_and_exits_0(workdir):
     assert "stop signal" in out
 
 
-def test_sigkill_at_random_moments_never_loses_the_last_checkpoint(workdir):
-    """Saves every step with a model large enough that a save takes a while (~50 MB with AdamW's
-    state), killed at random moments; the newest complete checkpoint always loads and resumes."""
+@pytest.mark.slow
+def test_a_stop_signal_after_divergence_saves_no_nan_checkpoint(workdir):
+    """log_interval too large to see the loss: the save itself checks the last step's loss and the weights."""
+    p = start(workdir, "--out_dir=out_nan", "--overwrite=True", "--max_iters=100000", "--eval_interval=100000",
+              "--log_interval=100000", "--learning_rate=1e30", "--warmup_iters=0")
+    read_until(p, "step 0:")
+    time.sleep(1.0)   # some steps at lr=1e30
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=60)
+    last = err.strip().splitlines()[-1]
+    assert p.returncode == 1 and "Traceback" not in err, err
+    assert ("training loss is nan" in last or "a weight is nan" in last) and "last good checkpoint is none" in last, last
+    assert not os.path.exists(workdir / "out_nan" / "latest") and not checkpoint.checkpoints(workdir / "out_nan")
+
+
+@pytest.mark.slow
+def test_ddp_stop_signal_with_a_large_log_interval_saves_before_torchrun_kills(workdir):
+    """torchrun forwards SIGTERM to the workers and SIGKILLs them 30 s later: the flag is shared every step,
+    so the save comes within a step, not within log_interval steps. torchrun itself then exits 1."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", os.path.join(ROOT, "train.py"),
+           *TINY_MODEL, "--out_dir=out_ddp_stop", "--overwrite=True", "--gradient_accumulation_steps=2",
+           "--max_iters=100000", "--eval_interval=100000", "--log_interval=100000"]
+    p = subprocess.Popen(cmd, cwd=workdir, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    read_until(p, "step 0:")
+    time.sleep(1.0)
+    t0 = time.time()
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=90)
+    assert time.time() - t0 < 25, "the workers were not stopped before torchrun's SIGKILL"
+    assert "stop signal at step" in out and "saved" in out, out + err
+    assert "terminate called" not in err and "exitcode  : -" not in err, err   # no rank aborted
+    assert p.returncode == 1   # torchrun's own SignalException, whatever its workers did
+    path, state = checkpoint.load_latest(workdir / "out_ddp_stop")
+    assert state["iter_num"] > 0 and f"saved {os.path.join('out_ddp_stop', os.path.basename(path))}" in out
+
+
+@pytest.mark.slow
+def test_sigkill_during_a_save_resumes_from_the_previous_complete_checkpoint(workdir):
+    """Saves every step with a model large enough that a save takes a while (~50 MB with AdamW's state).
+    The first kill lands at a random moment; the second as soon as a temporary checkpoint file appears, so
+    it interrupts a save: `latest` still names the previous complete checkpoint and the run resumes from it."""
+    out = workdir / "out_kill"
     big = ["--n_layer=4", "--n_embd=384", "--n_head=4", "--eval_interval=1", "--eval_iters=1", "--keep_checkpoints=2",
-           "--out_dir=out_kill", "--max_iters=100000"]
-    rng, killed_mid_save, last = random.Random(0), 0, -1
-    for trial in range(3):
-        p = start(workdir, *big, *(["--init_from=resume"] if trial else []))
-        wait_for(lambda: checkpoint.candidates(workdir / "out_kill") and
-                 checkpoint.load_latest(workdir / "out_kill")[1]["iter_num"] > last + 1, timeout=120)
-        time.sleep(rng.uniform(0.0, 1.0))
-        p.kill()
-        p.wait()
-        killed_mid_save += any(".tmp" in n for n in os.listdir(workdir / "out_kill"))   # a save it interrupted
-        path, state = checkpoint.load_latest(workdir / "out_kill")   # never corrupt
-        assert state["iter_num"] > last
-        last = state["iter_num"]
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *TINY_MODEL, *big[:-1],
-                        f"--max_iters={last + 2}", "--init_from=resume"], cwd=workdir, env=ENV, capture_output=True, text=True)
+           "--out_dir=out_kill", "--overwrite=True", "--max_iters=100000"]
+    p = start(workdir, *big)
+    wait_for(lambda: checkpoint.candidates(out) and checkpoint.load_latest(out)[1]["iter_num"] >= 1, timeout=120)
+    time.sleep(random.Random(0).uniform(0.0, 1.0))
+    p.kill()
+    p.wait()
+    last = checkpoint.load_latest(out)[1]["iter_num"]   # never corrupt
+
+    p = start(workdir, *big, "--init_from=resume")
+    def temporary_checkpoint():
+        return next((n for n in os.listdir(out) if re.fullmatch(rf"ckpt_\d+\.pt\.tmp{p.pid}", n)), None)
+    t0 = time.time()
+    while (tmp := temporary_checkpoint()) is None:
+        assert time.time() - t0 < 120 and p.poll() is None, "no save began"
+        time.sleep(0.002)
+    p.kill()
+    p.wait()
+    assert os.path.exists(out / tmp), "the kill landed after the save completed"   # it did interrupt a write
+    path, state = checkpoint.load_latest(out)
+    assert last <= state["iter_num"] < checkpoint.step_of(tmp.split(".tmp")[0])   # the previous complete one
+
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *TINY_MODEL, *big[:-2],
+                        f"--max_iters={state['iter_num'] + 2}", "--init_from=resume"], cwd=workdir, env=ENV,
+                       capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
-    assert checkpoint.load_latest(workdir / "out_kill")[1]["iter_num"] == last + 2
-    print(f"{killed_mid_save} of 3 kills landed during a save")
+    assert f"resuming from {os.path.join('out_kill', os.path.basename(path))}" in p.stdout
+    assert checkpoint.load_latest(out)[1]["iter_num"] == state["iter_num"] + 2
+    assert not os.path.exists(out / tmp)   # its writer is gone: cleaned up by the next save
+
+
+@pytest.mark.slow
+def test_a_full_disk_is_one_sentence_and_the_run_resumes_once_there_is_room(workdir):
+    """A real full disk: a 1 MB tmpfs as out_dir (only as root, where mounting is allowed)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = workdir / "out_full"
+    mnt.mkdir(exist_ok=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        args = ["--out_dir=out_full", "--eval_interval=1", "--keep_checkpoints=1000"]
+        for resume in ([], ["--init_from=resume"]):   # the full disk met mid-run, then again on resume
+            p = train(workdir, *args, *resume, "--max_iters=1000", check=False)
+            last = p.stderr.strip().splitlines()[-1]
+            assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+            assert last.startswith("error: cannot write") and "disk is full (errno 28, ENOSPC)" in last and "still names ckpt_" in last, last
+            path, state = checkpoint.load_latest(mnt)   # what `latest` names is complete
+            assert os.path.basename(path) in last
+        subprocess.run(["mount", "-o", "remount,size=16m", str(mnt)], check=True)
+        for old in checkpoint.checkpoints(mnt)[:-1]:
+            os.remove(old)
+        train(workdir, *args, "--init_from=resume", f"--max_iters={state['iter_num'] + 2}")
+        assert [r["iter"] for r in records(workdir, "out_full", "train")] == list(range(1, state["iter_num"] + 3))
+    finally:
+        subprocess.run(["umount", str(mnt)])
 
 
 @pytest.fixture

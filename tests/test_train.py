@@ -1,6 +1,7 @@
 """train.py end to end, as a user runs it: in subprocesses, on a tiny corpus made in tmp_path."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -65,16 +66,37 @@ def test_ddp_two_processes_match_one_process_with_accumulation(workdir):
     assert final_state(workdir, "out_ddp")["iter_num"] == 4
 
 
+@pytest.fixture(scope="module")
+def existing_run(workdir):
+    """A finished run in out_keep, and a dataset whose meta.json has too small a vocabulary."""
+    train(workdir, "--out_dir=out_keep", "--max_iters=2", "--eval_interval=2")
+    bad = workdir / "data" / "small_vocab"
+    shutil.copytree(workdir / "data" / "tiny", bad, dirs_exist_ok=True)
+    (bad / "meta.json").write_text(json.dumps({**json.loads((bad / "meta.json").read_text()), "vocab_size": 10}))
+    return workdir / "out_keep"
+
+
+def snapshot(d):
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.name != "lock"}
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("args,message", [
-    (["--learnig_rate=1e-3"], "did you mean 'learning_rate'"),
-    (["--max_iters=3.5"], "expects int"),
+    (["--lr_decay_iters=abc"], "expects int"),          # a key whose default was None took anything
     (["--dataset=nowhere"], "prepare_data.py"),
-    (["--block_size=100000"], "lower --block_size"),   # a split shorter than one block
+    (["--block_size=5000"], "val.bin has 2000 tokens"),   # fits train, not val: found at start, not at the first eval
+    (["--dataset=small_vocab"], "beyond vocab_size"),
     (["--sv_placement=post"], "sv_placement"),
+    (["--batch_size=0"], "batch_size=0 is out of range: it must be >= 1"),
+    (["--overwrite=False"], "holds a run"),   # a new run into an existing run's out_dir
     (["--init_from=resume", "--out_dir=out_none"], "no checkpoint"),
+    (["--out_dir=tiny.txt"], "is a file"),
 ])
-def test_bad_input_stops_with_one_clear_sentence(workdir, args, message):
-    p = train(workdir, "--max_iters=1", *args, check=False)
+def test_bad_input_is_one_sentence_and_leaves_the_existing_run_as_it_was(workdir, existing_run, args, message):
+    before = snapshot(existing_run)
+    """Each of these is found before out_dir is touched, even with --overwrite=True (which would clear the run)."""
+    p = train(workdir, "--max_iters=4", "--out_dir=out_keep", "--overwrite=True", *args, check=False)
     assert p.returncode != 0
     last = p.stderr.strip().splitlines()[-1]
     assert message in last and "Traceback" not in p.stderr, p.stderr
+    assert snapshot(existing_run) == before
