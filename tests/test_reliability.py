@@ -164,6 +164,7 @@ def two_checkpoints(workdir):
     return out
 
 
+@pytest.mark.slow
 def test_a_truncated_checkpoint_is_named_and_fallback_is_opt_in(workdir, two_checkpoints):
     newest = checkpoint.candidates(two_checkpoints)[0]
     with open(newest, "r+b") as f:
@@ -179,6 +180,7 @@ class Evil:
         return (os.system, ("echo pwned",))
 
 
+@pytest.mark.slow
 def test_a_checkpoint_with_a_disallowed_object_is_refused(two_checkpoints):
     path = checkpoint.candidates(two_checkpoints)[0]
     state = torch.load(path, weights_only=True)
@@ -187,12 +189,14 @@ def test_a_checkpoint_with_a_disallowed_object_is_refused(two_checkpoints):
         checkpoint.load(path)
 
 
+@pytest.mark.slow
 def test_resume_with_another_model_lists_the_mismatched_keys(workdir, two_checkpoints):
     p = train(workdir, "--out_dir=out_two", "--max_iters=6", "--init_from=resume", "--n_embd=64", "--sv_hetero=True",
               "--optimizer=muon", check=False)
     assert p.returncode != 0 and all(k in p.stderr for k in ("n_embd", "sv_hetero", "optimizer")), p.stderr
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_another_model_version_is_one_clear_error(workdir, two_checkpoints):
     """Weights renamed (as a later model.py might) or model_args with a key this model.py lacks: train.py and
     sample.py stop with one sentence naming the file, and the checkpoint stays as it was."""
@@ -214,6 +218,7 @@ def test_a_checkpoint_of_another_model_version_is_one_clear_error(workdir, two_c
     assert p.returncode != 0 and "another version of model.py" in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
+@pytest.mark.slow
 def test_a_diverging_loss_stops_and_keeps_the_last_good_checkpoint(workdir, two_checkpoints):
     before = checkpoint.load_latest(two_checkpoints)
     p = train(workdir, "--out_dir=out_two", "--max_iters=40", "--eval_interval=2", "--init_from=resume",
@@ -224,6 +229,7 @@ def test_a_diverging_loss_stops_and_keeps_the_last_good_checkpoint(workdir, two_
     assert after[0] == before[0] and all(torch.equal(after[1]["model"][k], v) for k, v in before[1]["model"].items())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault,message", [("vocab", "beyond vocab_size"), ("no_meta", "meta.json missing"),
                                            ("no_bin", "val.bin is missing")])
 def test_bad_data_says_what_to_run(workdir, fault, message):
@@ -408,3 +414,51 @@ def test_prepare_data_out_dir_that_is_a_file(tmp_path):
     (tmp_path / "in.txt").write_text("some text " * 20)
     with pytest.raises(SystemExit, match="is a file"):
         prepare_data.main(["text", "--input", str(tmp_path / "in.txt"), "--name", "x", "--out_dir", str(tmp_path / "f")])
+
+
+# ---- a new run over an old one; a resumed run with another batch ------------------------------------------
+
+@pytest.mark.slow
+def test_overwrite_replaces_a_run_and_a_new_global_batch_is_one_warning(workdir, two_checkpoints):
+    p = train(workdir, "--out_dir=out_two", "--init_from=resume", "--max_iters=5", "--eval_interval=5", "--batch_size=8")
+    assert "warning: the checkpoint was trained with 64 tokens per iteration, this run uses 128" in p.stdout, p.stdout
+    train(workdir, "--out_dir=out_two", "--overwrite=True", "--max_iters=2", "--eval_interval=2")
+    assert [os.path.basename(c) for c in checkpoint.checkpoints(two_checkpoints)] == ["ckpt_0000002.pt"]
+    assert [r["iter"] for r in records(workdir, "out_two", "train")] == [1, 2]   # the old run's metrics are gone
+
+
+# ---- sample.py ------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def sample_run(workdir):
+    """A run on its own copy of the data (re-prepared below with another vocabulary)."""
+    shutil.copytree(workdir / "data" / "tiny", workdir / "data" / "tiny_s", dirs_exist_ok=True)
+    train(workdir, "--dataset=tiny_s", "--out_dir=out_sample", "--overwrite=True", "--max_iters=2", "--eval_interval=2")
+    (workdir / "binary.bin").write_bytes(bytes(range(256)) * 4)
+    (workdir / "out_folder_latest").mkdir(exist_ok=True)
+    (workdir / "out_folder_latest" / "latest").mkdir(exist_ok=True)
+    return workdir
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args,message", [
+    (["--start=FILE:missing.txt"], "cannot read the prompt file 'missing.txt' (No such file or directory)"),
+    (["--start=FILE:binary.bin"], "cannot read the prompt file 'binary.bin' (not UTF-8 text)"),
+    (["--device=cuda"], "no CUDA device"),
+    (["--out_dir=out_folder_latest"], "latest cannot be read"),
+    ("revocab", "was trained on a vocabulary of 58 tokens, but data/tiny_s/meta.json now has 10"),
+])
+def test_sample_faults_are_one_sentence(sample_run, args, message):
+    if args == ["--device=cuda"] and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    meta_path = sample_run / "data" / "tiny_s" / "meta.json"
+    meta = meta_path.read_text()
+    if args == "revocab":   # the dataset prepared again from another text: 10 characters
+        meta_path.write_text(json.dumps({**json.loads(meta), "chars": "abcdefghij", "vocab_size": 10}))
+    try:
+        p = subprocess.run([sys.executable, os.path.join(ROOT, "sample.py"), "--out_dir=out_sample", "--max_new_tokens=2",
+                            *([] if args == "revocab" else args)], cwd=sample_run, env=ENV, capture_output=True, text=True, timeout=120)
+    finally:
+        meta_path.write_text(meta)
+    assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
+    assert message in p.stderr.strip().splitlines()[-1], p.stderr

@@ -34,6 +34,7 @@ def final_state(wd, out_dir):
         return torch.load(wd / out_dir / f.read().strip(), weights_only=True)
 
 
+@pytest.mark.slow
 def test_training_lowers_the_loss(workdir):
     train(workdir, "--out_dir=out_drop", "--max_iters=40", "--eval_interval=40")
     evals = records(workdir, "out_drop", "eval")
@@ -43,6 +44,7 @@ def test_training_lowers_the_loss(workdir):
     assert "blocks.1.mlp.gate_up.v" in evals[1]["scale_vectors"]   # telemetry of every effective vector
 
 
+@pytest.mark.slow
 def test_resume_reproduces_the_uninterrupted_run_exactly(workdir):
     common = ["--eval_interval=5", "--lr_decay_iters=12", "--sv_hetero=True", "--sv_reparam=or"]
     train(workdir, "--out_dir=out_full", "--max_iters=12", *common)
@@ -55,6 +57,7 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(workdir):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_ddp_two_processes_match_one_process_with_accumulation(workdir):
     common = ["--max_iters=4", "--eval_interval=4", "--gradient_accumulation_steps=2"]
     train(workdir, "--out_dir=out_single", *common)
