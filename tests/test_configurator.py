@@ -246,3 +246,11 @@ def test_a_device_this_machine_lacks_is_one_sentence():
             check_device("cuda")
     with pytest.raises(ConfigError, match="out of range"):
         check_device("tpu")
+
+
+@pytest.mark.parametrize("arg,expects", [("--lr_decay_iters=abc", "expects int"), ("--muon_lr=abc", "expects float")])
+def test_keys_with_a_sentinel_default_are_typed(arg, expects):
+    """lr_decay_iters and muon_lr default to 0 ("use max_iters / learning_rate"), not None, which took anything
+    and failed only after warmup or under Muon."""
+    with pytest.raises(ConfigError, match=expects):
+        configure(TRAIN, [arg], TRAIN_RULES)
