@@ -156,11 +156,18 @@ def test_a_full_disk_is_one_sentence_and_the_run_resumes_once_there_is_room(work
         subprocess.run(["umount", str(mnt)])
 
 
+@pytest.fixture(scope="module")
+def two_checkpoints_made_once(workdir):
+    train(workdir, "--out_dir=out_two_master", "--overwrite=True", "--max_iters=4", "--eval_interval=2")
+    return workdir / "out_two_master"
+
+
 @pytest.fixture
-def two_checkpoints(workdir):
+def two_checkpoints(workdir, two_checkpoints_made_once):
+    """A fresh copy of a 4-step run with checkpoints at steps 2 and 4, in out_two."""
     out = workdir / "out_two"
     shutil.rmtree(out, ignore_errors=True)
-    train(workdir, "--out_dir=out_two", "--max_iters=4", "--eval_interval=2")
+    shutil.copytree(two_checkpoints_made_once, out, ignore=shutil.ignore_patterns("lock"))
     return out
 
 
