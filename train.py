@@ -345,8 +345,9 @@ def stop_requested():
 def stop_if_diverged(which, value):
     """A non-finite loss or weight ends the run before anything is saved, naming the last good checkpoint."""
     if not math.isfinite(value):
-        sys.exit(f"error: {which} is {value} at step {iter_num}; the last good checkpoint is "
-                 f"{last_ckpt or 'none'}: resume from it with --init_from=resume and a lower learning_rate")
+        sys.exit(f"error: {which} is {value} at step {iter_num}; " + (
+                 f"the last good checkpoint is {last_ckpt}: resume from it with --init_from=resume and a lower learning_rate"
+                 if last_ckpt else "no checkpoint was saved: start again with a lower learning_rate"))
 
 
 # ---- the training loop ---------------------------------------------------------------------
