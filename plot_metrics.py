@@ -20,12 +20,13 @@ import numpy as np
 
 
 def read_metrics(run_dir, kind="eval"):
-    """The records of one kind ("eval" or "train") in run_dir/metrics.jsonl, in order; [] if there is none."""
+    """The records of one kind ("eval" or "train") in run_dir/metrics.jsonl, in order; [] if there is none.
+    A line torn by a kill or a full disk is skipped (checkpoint.read_metrics, train.py's reader on resume)."""
+    from checkpoint import read_metrics as read_lines   # here: plotting alone need not import torch
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.exists(path):
         return []
-    with open(path) as f:
-        return [r for r in map(json.loads, f) if r["kind"] == kind]
+    return [r for r in read_lines(path)[0] if isinstance(r, dict) and r.get("kind") == kind]
 
 
 def pyplot():

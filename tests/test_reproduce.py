@@ -263,3 +263,9 @@ def test_summary_counts_seeds_agreeing_in_sign_and_a_t_interval():
     assert row["agree"] == 3
     half = 3.182 * statistics.stdev(diffs) / 2   # t(0.975, 3) s / sqrt(4)
     assert abs(row["ci95"][0] - (statistics.mean(diffs) - half)) < 1e-9 and abs(row["ci95"][1] - (statistics.mean(diffs) + half)) < 1e-9
+
+
+def test_the_metrics_reader_skips_a_torn_last_line(tmp_path):
+    lines = [json.dumps({"kind": "eval", "iter": i, "val_loss": 2.0 - i / 10}) for i in (0, 1)]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"kind": "eval", "it')   # a write cut short
+    assert [r["iter"] for r in read_metrics(tmp_path)] == [0, 1]
