@@ -159,11 +159,12 @@ def measure(cfg):
         times.append(time.perf_counter() - t0)
     ms = 1000 * statistics.median(times)
     tokens = info["tokens"]
+    peak = cfg["mfu_peak_flops"] or peak_flops(torch.device(device), torch.bfloat16 if dtype == "bfloat16" else torch.float32)
     flops = model.flops_per_token() * tokens
     peak_mem = torch.cuda.max_memory_allocated() if device.startswith("cuda") else \
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {"ms": ms, "tokens_per_s": tokens / ms * 1000, "warmup_s": warmup_s, "peak_mem_mb": peak_mem / 2**20,
-            "mfu": flops / (ms / 1000) / (cfg["mfu_peak_flops"] or peak_flops(torch.device(device), torch.bfloat16 if dtype == "bfloat16" else torch.float32)),
+            "mfu": flops / (ms / 1000) / peak if peak else None,
             "params_m": sum(p.numel() for p in model.parameters()) / 1e6, "device": device, "dtype": dtype}
 
 
@@ -249,5 +250,6 @@ if __name__ == "__main__":
             print(json.dumps(r))
         else:
             print(f"{r['params_m']:.2f}M params on {r['device']} in {r['dtype']}: {r['ms']:.1f} ms/step (median of "
-                  f"{cfg['steps']}), {r['tokens_per_s']:,.0f} tokens/s, MFU {100 * r['mfu']:.1f}%, "
-                  f"peak memory {r['peak_mem_mb']:,.0f} MB; warmup {r['warmup_s']:.1f} s")
+                  f"{cfg['steps']}), {r['tokens_per_s']:,.0f} tokens/s, "
+                  + (f"MFU {100 * r['mfu']:.1f}%, " if r["mfu"] is not None else "")
+                  + f"peak memory {r['peak_mem_mb']:,.0f} MB; warmup {r['warmup_s']:.1f} s")

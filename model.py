@@ -1,25 +1,70 @@
 """
-A short Pre-Norm GPT in the Llama style (RMSNorm, RoPE, SwiGLU, no biases) with a
-flag for each scale-vector variant of arXiv:2605.26895, "Negligible in Size,
-Significant in Effect: On Scale Vectors in Large Language Models".
-The definitions live in ../shared/design/scale_vectors.md ("design" below).
+A short Pre-Norm GPT in the Llama style (RMSNorm, RoPE, SwiGLU, no biases) with a flag for each
+scale-vector variant of arXiv:2605.26895, "Negligible in Size, Significant in Effect: On Scale Vectors in
+Large Language Models". DESIGN.md gives the definitions this file implements and the choices it makes.
 
-Notation: Norm(x) = x / sqrt(mean(x^2) + eps) has no parameter; a scale vector g
-multiplies it: g * Norm(x). Every variant is made of three pieces:
-  ScaleVector   a learnable vector, plain or reparameterized (OR / ER), of kind
-                "input" (it can fold into an adjacent linear map) or "output";
-  ScaledLinear  a linear map fed by Norm(x): y = u * W(v * Norm(x)), computed as
-                (W * u v^T) Norm(x) once per step instead of per token;
+Notation: Norm(x) = x / sqrt(mean(x^2) + eps) has no parameter; a scale vector g multiplies it: g * Norm(x).
+Every variant is made of three pieces, in this order below:
+  ScaleVector   a learnable vector, plain or reparameterized (OR / ER), of kind "input" (it can fold into
+                an adjacent linear map) or "output" (a Norm sits between: it cannot);
+  ScaledLinear  a linear map fed by Norm(x) with the vectors that meet it: g_in on its input side, g_out on
+                its output side (DP, DNP): y = g_out * W(g_in * Norm(x)), computed as
+                (W * g_out g_in^T) Norm(x) once per step instead of per token;
   OutputNorm    g * Norm(x) where no linear map follows (qk_norm, post_norm).
-An optional Mixture-of-Experts FFN (MoE) is built from the same pieces.
+Attention, SwiGLU and the Mixture-of-Experts FFN (MoE) are built from these pieces. Two tables,
+PLACEMENTS and REPARAMS, say what each value of sv_placement and sv_reparam builds.
 """
 import math
-import time
 from dataclasses import dataclass, replace
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+import kernels
+
+
+# ---- the variants, one table entry each ------------------------------------------------------------------
+
+class Placement(NamedTuple):
+    g_out: Optional[str]   # kind of the output-side vector g_out: None (there is none), "input" (it folds into
+                           # W's rows), "output" (a Norm sits between W and it: it cannot fold)
+    norm: bool             # a Norm follows the map: y = g_out * Norm(W(...)), per head for q, k, v
+
+
+# paper 3.2: what meets a linear map fed by an Input-Norm (q, k, v; gate, up); ScaledLinear reads only this
+PLACEMENTS = {
+    "pre": Placement(g_out=None, norm=False),       # y = W(g_in * Norm(x))
+    "dp": Placement(g_out="input", norm=False),     # y = g_out * W(g_in * Norm(x)) = (diag(g_out) W diag(g_in)) Norm(x)
+    "dnp": Placement(g_out="output", norm=True),    # y = g_out * Norm(W(g_in * Norm(x)))
+}
+
+
+class Reparam(NamedTuple):
+    init: dict     # parameter name -> initial value; "beta" is one scalar per row, any other name a full row
+    g: callable    # the ScaleVector -> its effective vectors g
+
+
+# paper 3.3: how a scale vector is parameterized; ScaleVector reads only this
+REPARAMS = {
+    "none": Reparam(init=dict(g=1.0), g=lambda sv: sv.g),
+    "or": Reparam(init=dict(alpha=1.0, beta=1.0), g=lambda sv: sv.beta * norm(sv.alpha, sv.eps, fast=False)),
+    "er": Reparam(init=dict(alpha=0.0, beta=0.0), g=lambda sv: torch.exp(sv.beta + sv.alpha - sv.alpha.mean(-1, keepdim=True))),
+}
+
+# width of DNP's g_out (issue 14): "full", the map's output width (DESIGN.md); "head", one head-sized vector
+# per branch q, k, v shared by the heads, one scalar per branch gate, up (per expert in MoE)
+DNP_WIDTHS = ("full", "head")
+
+
+def check_placement(name, p):
+    """A placement's entry must be one that ScaledLinear can build and apply, or it would train an inert vector."""
+    if p.g_out not in (None, "input", "output"):
+        raise ValueError(f"PLACEMENTS[{name!r}]: g_out must be None, 'input' or 'output', not {p.g_out!r}")
+    if p.norm != (p.g_out == "output"):   # paper 2.2: a vector after a Norm cannot fold, one right after W can
+        raise ValueError(f"PLACEMENTS[{name!r}]: g_out={p.g_out!r} with norm={p.norm} is not built by ScaledLinear: "
+                         "a Norm after the map goes with an 'output' g_out, no Norm with an 'input' one or none")
 
 
 @dataclass
@@ -34,11 +79,13 @@ class GPTConfig:
     tie_embeddings: bool = True
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
-    # scale vectors: one flag per variant (design page)
+    kernels: bool = True         # kernels.py's hand-written backward passes (same values); False: model.py's plain code
+    # scale vectors: one flag per variant (DESIGN.md)
     scale_vectors: bool = True   # False: every norm is parameter-free (paper Fig. 1 ablation)
-    sv_hetero: bool = False      # HG, paper 3.1: one vector per branch (q, k, v; gate, up)
-    sv_placement: str = "pre"    # "pre" | "dp" | "dnp", paper 3.2
-    sv_reparam: str = "none"     # "none" | "or" | "er", paper 3.3
+    sv_hetero: bool = False      # HG, paper 3.1: one g_in per branch (q, k, v; gate, up)
+    sv_placement: str = "pre"    # a key of PLACEMENTS: "pre" | "dp" | "dnp", paper 3.2
+    sv_reparam: str = "none"     # a key of REPARAMS: "none" | "or" | "er", paper 3.3
+    sv_dnp_width: str = "full"   # width of DNP's g_out: "full" | "head" (DNP_WIDTHS)
     qk_norm: bool = False        # g_q * Norm(q), g_k * Norm(k) per head (Output-Norm)
     post_norm: bool = False      # x + g_post * Norm(branch) (Output-Norm)
     # Mixture-of-Experts FFN in place of the dense SwiGLU (class MoE); n_experts=0: dense
@@ -56,13 +103,18 @@ class GPTConfig:
         def check(ok, msg):
             if not ok:
                 raise ValueError(f"GPTConfig: {msg}")
-        check(self.sv_placement in ("pre", "dp", "dnp"), f"sv_placement must be 'pre', 'dp' or 'dnp', not {self.sv_placement!r}")
-        check(self.sv_reparam in ("none", "or", "er"), f"sv_reparam must be 'none', 'or' or 'er', not {self.sv_reparam!r}")
+        one_of = lambda keys: ", ".join(repr(k) for k in keys)
+        check(self.sv_placement in PLACEMENTS, f"sv_placement must be one of {one_of(PLACEMENTS)}, not {self.sv_placement!r}")
+        check_placement(self.sv_placement, PLACEMENTS[self.sv_placement])
+        check(self.sv_reparam in REPARAMS, f"sv_reparam must be one of {one_of(REPARAMS)}, not {self.sv_reparam!r}")
+        check(self.sv_dnp_width in DNP_WIDTHS, f"sv_dnp_width must be one of {one_of(DNP_WIDTHS)}, not {self.sv_dnp_width!r}")
+        check(self.sv_dnp_width == "full" or PLACEMENTS[self.sv_placement].norm,
+              f"sv_dnp_width={self.sv_dnp_width!r} sets the width of DNP's g_out: it needs sv_placement='dnp', not {self.sv_placement!r}")
         if not self.scale_vectors:
-            for flag, off in (("sv_hetero", False), ("sv_placement", "pre"), ("sv_reparam", "none")):
+            for flag, off in (("sv_hetero", False), ("sv_placement", "pre"), ("sv_reparam", "none"), ("sv_dnp_width", "full")):
                 check(getattr(self, flag) == off, f"{flag}={getattr(self, flag)!r} needs scale_vectors=True (there is no vector to vary)")
-        check(not (self.qk_norm and self.sv_placement == "dnp"),
-              "qk_norm=True with sv_placement='dnp' is redundant: DNP already puts a norm and a vector on q and k")
+        check(not (self.qk_norm and PLACEMENTS[self.sv_placement].norm),
+              f"qk_norm=True with sv_placement={self.sv_placement!r} is redundant: DNP already puts a norm and a vector on q and k")
         check(self.n_embd % self.n_head == 0 and (self.n_embd // self.n_head) % 2 == 0,
               "n_embd must be a multiple of n_head with an even head size (RoPE rotates pairs)")
         check(self.n_experts >= 0, f"n_experts must be >= 0 (0: dense), not {self.n_experts}")
@@ -90,197 +142,114 @@ class GPTConfig:
         return self.vocab_pad * math.ceil(self.vocab_size / self.vocab_pad)
 
 
-def _rms_inverse(x, eps):
-    """r = 1 / sqrt(mean(x^2) + eps) over the last dimension, shape (..., 1), in float32 (float64 for float64).
-    vector_norm reads x once and accumulates in float32; x.pow(2).mean() is many times slower on a CPU in bf16."""
-    ms = torch.linalg.vector_norm(x, dim=-1, keepdim=True).to(torch.promote_types(x.dtype, torch.float32)).square() / x.size(-1)
-    return torch.rsqrt(ms + eps)
+# ---- the operations: plain definitions; fast=True runs kernels.py's version (same values, less memory) -------
+
+def norm(x, eps, fast=True):
+    """Norm(x) = x / sqrt(mean(x^2) + eps) over the last dimension, no parameter."""
+    if fast:
+        return kernels.norm(x, eps)
+    xf = x.float() if x.element_size() < 4 else x   # the statistic in at least float32 (Llama's RMSNorm)
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-def _mean(x):
-    """mean over the last dimension, kept: sum / d (a bf16 mean() on a CPU is several times slower than sum())."""
-    return x.sum(-1, keepdim=True) / x.size(-1)
+def scaled_norm(y, g, eps, fast=True):
+    """g * Norm(y), DNP's output side (paper 3.2), in y's dtype; g broadcasts over y's leading dimensions."""
+    if fast:
+        return kernels.scaled_norm(y, g, eps)
+    return (g * norm(y, eps, fast=False)).to(y.dtype)
 
 
-class _Norm(torch.autograd.Function):
-    """y = x / sqrt(mean(x^2) + eps), with the backward written out: dx = r * (dy - y * mean(dy * y)),
-    r = 1 / sqrt(mean(x^2) + eps). Twice as fast as F.rms_norm's backward on a CPU (a chain of small ops)."""
-
-    @staticmethod
-    def forward(ctx, x, eps):
-        r = _rms_inverse(x, eps)
-        y = (x * r).to(x.dtype)
-        ctx.save_for_backward(y, r)
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        y, r = ctx.saved_tensors
-        return torch.addcmul(dy, y, _mean(dy * y), value=-1).mul_(r).to(dy.dtype), None
+def swiglu(gate_up, fast=True):
+    """silu(gate) * up (Shazeer 2020), from gate|up concatenated on the last dimension."""
+    if fast:
+        return kernels.swiglu(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
-def norm(x, eps):
-    """Norm(x): RMS normalization over the last dimension, no parameter."""
-    return _Norm.apply(x, eps)
+def cross_entropy(logits, targets, fast=True):
+    """Mean cross-entropy of logits (N, V) over the targets (N,) that are not -1, in at least float32."""
+    if fast:
+        return kernels.cross_entropy(logits, targets)
+    return F.cross_entropy(logits.float() if logits.element_size() < 4 else logits, targets, ignore_index=-1)
 
 
-class _ScaledNorm(torch.autograd.Function):
-    """out = u * Norm(y) over the last dimension (DNP's g_a, paper 3.2), u broadcast over y's leading dims.
-    It keeps only its output, which the next operation keeps anyway (attention keeps v, a view of the
-    same qkv tensor; SwiGLU keeps gate|up), and recovers Norm(y) = out / u in the backward, as In-Place
-    ABN does (Rota Bulo et al., 2018): so DNP costs no activation memory. (An entry of u that is exactly
-    0 would lose its gradient; a trained u never lands on exactly 0.) The small factors r and u are cast
-    to y's dtype so that every full-size operation runs in it (bf16 under autocast: half the traffic)."""
-
-    @staticmethod
-    def forward(ctx, y, u, eps):
-        ctx.u_dtype = u.dtype
-        r, u = _rms_inverse(y, eps).to(y.dtype), u.to(y.dtype)
-        out = (y * r).mul_(u)
-        ctx.save_for_backward(out, u, r)
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        # with n = Norm(y) = out / u and dn = dout * u:  du = sum(dout * n),  dy = r * (dn - n * mean(dn * n)),
-        # written with out instead of n (one full-size pass fewer each):  dout * n = (dout * out) / u
-        out, u, r = ctx.saved_tensors
-        inv_u = 1 / torch.where(u == 0, 1, u)
-        d = dout * out
-        du = (d.sum_to_size(u.shape) * inv_u).to(ctx.u_dtype)
-        m = _mean(d)                                                  # mean(dn * n) = mean(dout * out)
-        return torch.mul(dout, u).addcmul_(out, m * inv_u, value=-1).mul_(r), du, None
-
-
-class _SwiGLU(torch.autograd.Function):
-    """silu(gate) * up from the fused projection gate|up. It keeps only gate|up for the backward; autograd
-    would keep gate, silu(gate) and up."""
-
-    @staticmethod
-    def forward(ctx, gate_up):
-        gate, up = gate_up.chunk(2, dim=-1)
-        ctx.save_for_backward(gate_up)
-        return F.silu(gate) * up
-
-    @staticmethod
-    def backward(ctx, dh):
-        gate, up = ctx.saved_tensors[0].chunk(2, dim=-1)
-        return torch.cat((torch.ops.aten.silu_backward(dh * up, gate), dh * F.silu(gate)), dim=-1)
-
-
-def swiglu(gate_up):
-    """silu(gate) * up, the SwiGLU product (Shazeer 2020), from gate|up concatenated on the last dimension."""
-    return _SwiGLU.apply(gate_up)
-
-
-class _CrossEntropy(torch.autograd.Function):
-    """Mean cross-entropy of logits (N, V) against targets (N,), ignoring -1, in float32 one chunk of rows
-    at a time. It keeps only the logits and one log-sum-exp per row for the backward, where F.cross_entropy
-    on logits.float() keeps two float32 copies of them (0.4 GB each for 2048 tokens of a 50k vocabulary)."""
-
-    @staticmethod
-    def forward(ctx, logits, targets, rows):
-        valid, t = targets >= 0, targets.clamp(min=0).unsqueeze(1)
-        ctx.rows, ctx.acc = rows, torch.promote_types(logits.dtype, torch.float32)
-        lse = torch.cat([torch.logsumexp(chunk.to(ctx.acc), dim=-1) for chunk in logits.split(rows)])
-        ctx.save_for_backward(logits, t, lse, valid)
-        return ((lse - logits.gather(1, t).squeeze(1).to(ctx.acc)) * valid).sum() / valid.sum()
-
-    @staticmethod
-    def backward(ctx, g):
-        logits, t, lse, valid = ctx.saved_tensors
-        scale = valid * g / valid.sum()   # d loss / d logits = (softmax - one_hot(target)) * scale, row by row
-        grad = torch.empty_like(logits)
-        for s in range(0, len(logits), ctx.rows):
-            rows = slice(s, s + ctx.rows)
-            p = (logits[rows].to(ctx.acc) - lse[rows, None]).exp_()
-            p.scatter_add_(1, t[rows], torch.full(t[rows].shape, -1.0, dtype=p.dtype, device=p.device))
-            grad[rows] = p.mul_(scale[rows, None])
-        return grad, None, None
-
-
-def cross_entropy(logits, targets, rows=None):
-    """Mean cross-entropy over the targets that are not -1. Chunks of 2M logits on a CPU: malloc reuses
-    blocks that small, while a fresh large one is page-faulted in on every step (3x slower at 124M);
-    elsewhere chunks of 64M, for few kernel launches."""
-    rows = rows or max(1, (2**21 if logits.device.type == "cpu" else 2**26) // logits.size(-1))
-    return _CrossEntropy.apply(logits, targets, rows)
-
+# ---- the three pieces ---------------------------------------------------------------------------------------
 
 class ScaleVector(nn.Module):
-    """`rows` learnable vectors of length d, each 1 at init (paper: "scale vectors initialised to 1").
-    kind "input": it folds into an adjacent linear map (decayed under IWD); "output": it cannot."""
+    """`rows` learnable vectors g of length d, parameterized as REPARAMS[cfg.sv_reparam] says; g = 1 at init
+    (paper: "scale vectors initialised to 1"). kind "input": g folds into an adjacent linear map (decayed under
+    IWD, paper 2.2); "output": a Norm sits between, it cannot fold."""
 
-    def __init__(self, rows, d, kind, reparam, names=None):
+    def __init__(self, rows, d, kind, cfg, names=None):
         super().__init__()
-        self.kind, self.reparam, self.names = kind, reparam, names
-        if reparam == "none":
-            self.g = nn.Parameter(torch.ones(rows, d))
-        elif reparam == "or":   # paper 3.3, OR: g = beta * Norm(alpha); beta = 1, alpha = 1 at init
-            self.alpha = nn.Parameter(torch.ones(rows, d))
-            self.beta = nn.Parameter(torch.ones(rows, 1))
-        else:                   # paper 3.3, ER: g = exp(beta) * exp(alpha - mean(alpha)); both 0 at init
-            self.alpha = nn.Parameter(torch.zeros(rows, d))
-            self.beta = nn.Parameter(torch.zeros(rows, 1))
+        if kind not in ("input", "output"):
+            raise ValueError(f"ScaleVector: kind must be 'input' or 'output', not {kind!r}")
+        self.kind, self.reparam, self.eps, self.names = kind, cfg.sv_reparam, cfg.norm_eps, names
+        for name, value in REPARAMS[self.reparam].init.items():
+            self.register_parameter(name, nn.Parameter(torch.full((rows, 1 if name == "beta" else d), value)))
 
     def forward(self):
         """The effective vectors g, shape (rows, d)."""
-        if self.reparam == "or":
-            return self.beta * F.rms_norm(self.alpha, (self.alpha.size(-1),))
-        if self.reparam == "er":
-            return torch.exp(self.beta + self.alpha - self.alpha.mean(-1, keepdim=True))
-        return self.g
+        return REPARAMS[self.reparam].g(self)
 
 
 class ScaledLinear(nn.Module):
-    """A (possibly fused) linear map fed by Norm(x), with the scale vectors that meet it.
-    The weight has `n_split` equal row blocks (q, k, v or gate, up), times `n_expert` for MoE.
-      v: input side (the Input-Norm vector): one shared row, or one row per block under HG;
-      u: output side, one row per block: DP folds it into W's rows, DNP applies u * Norm(.).
-    Design, unified view: W -> diag(u) W diag(v) = W * (u v^T), computed once per step."""
+    """y = g_out * W(g_in * Norm(x)), or g_out * Norm(W(g_in * Norm(x))) under DNP, as PLACEMENTS says; the
+    caller passes Norm(x), computed once for all the maps it feeds. The weight has `n_split` equal row blocks
+    (q, k, v or gate, up), times `n_expert` for MoE.
+      g_in:  input side, an Input-Norm vector: one shared row, or one row per block under HG (paper 3.1);
+      g_out: output side, one row per block (paper 3.2): DP folds it into W's rows, DNP applies g_out * Norm(.)
+             per group of `group` outputs (a head, or a branch).
+    Paper, unified view: W -> diag(g_out) W diag(g_in) = W * (g_out g_in^T), computed once per step."""
 
-    def __init__(self, d_in, d_out, cfg, n_split=1, names=None, dual=True, own_v=True, n_expert=0, group=0):
+    def __init__(self, d_in, d_out, cfg, n_split=1, names=None, dual=True, own_g_in=True, n_expert=0, group=0, head_width=1):
         super().__init__()
         lead = (n_expert,) if n_expert else ()
         self.weight = nn.Parameter(torch.empty(*lead, d_out, d_in))   # initialized by GPT._init_weights
-        self.n_blocks, self.eps = max(n_expert, 1) * n_split, cfg.norm_eps
+        self.n_expert, self.n_split, self.n_blocks = n_expert, n_split, max(n_expert, 1) * n_split
+        self.eps, self.fast = cfg.norm_eps, cfg.kernels
         names = names if n_split > 1 else None
         if n_expert and names:   # one row per expert and branch: "3.gate"
             names = tuple(f"{e}.{n}" for e in range(n_expert) for n in names)
-        self.n_expert = n_expert
         sv = cfg.scale_vectors
-        rows_v = self.n_blocks if cfg.sv_hetero else 1   # paper 3.1, HG: a vector per branch
-        self.v = ScaleVector(rows_v, d_in, "input", cfg.sv_reparam, names) if sv and own_v else None
-        self.placement = cfg.sv_placement if sv and dual else "pre"
-        # paper 3.2: DP's u folds into the rows of W (an input kind); DNP's u sits after a Norm (an output kind)
-        kind = "input" if self.placement == "dp" else "output"
-        self.u = ScaleVector(self.n_blocks, d_out // n_split, kind, cfg.sv_reparam, names) if self.placement != "pre" else None
-        self.group = group or d_out // n_split   # DNP normalizes groups of this size (a head, or a branch)
+        rows_in = self.n_blocks if cfg.sv_hetero else 1
+        self.g_in = ScaleVector(rows_in, d_in, "input", cfg, names) if sv and own_g_in else None
+        self.placement = PLACEMENTS[cfg.sv_placement if sv and dual else "pre"]
+        check_placement(cfg.sv_placement, self.placement)
+        self.group = group or d_out // n_split
+        # DNP's g_out is full width, or (sv_dnp_width="head") head_width entries per block shared by its groups
+        width = d_out // n_split if cfg.sv_dnp_width == "full" or not self.placement.norm else head_width
+        self.g_out = ScaleVector(self.n_blocks, width, self.placement.g_out, cfg, names) if self.placement.g_out else None
+        self.g_out_width = width
 
-    def effective_weight(self, v=None):
-        """W * (u v^T). `v` is passed in when the Input-Norm vector is shared by several maps (MoE)."""
+    def effective_weight(self, g_in=None):
+        """W * (g_out g_in^T), g_out only where it folds (DP). `g_in` is passed in when the Input-Norm vector is
+        shared by several maps (MoE's g_ffn)."""
         W = self.weight
-        v = self.v() if self.v is not None else v
-        u = self.u() if self.placement == "dp" else None
-        if u is None and (v is None or len(v) == 1):
-            return W if v is None else W * v               # one shared vector: W diag(g), paper 2.2
-        Wb = W.reshape(self.n_blocks, -1, W.size(-1))      # (blocks, rows, d_in): a block per branch
-        if v is not None:
-            Wb = Wb * v.unsqueeze(1)                       # paper 3.1, HG: W_i diag(g_i) for branch i
-        if u is not None:
-            Wb = Wb * u.unsqueeze(2)                       # paper 3.2, DP: diag(g_a) W diag(g_b)
+        g_in = self.g_in() if self.g_in is not None else g_in
+        g_out = self.g_out() if self.placement.g_out == "input" else None
+        if g_out is None and (g_in is None or len(g_in) == 1):
+            return W if g_in is None else W * g_in          # one shared vector: W diag(g), paper 2.2
+        Wb = W.reshape(self.n_blocks, -1, W.size(-1))       # (blocks, rows, d_in): a block per branch
+        if g_in is not None:
+            Wb = Wb * g_in.unsqueeze(1)                     # paper 3.1, HG: W_i diag(g_i) for branch i
+        if g_out is not None:
+            Wb = Wb * g_out.unsqueeze(2)                    # paper 3.2, DP: diag(g_out) W diag(g_in)
         return Wb.view_as(W)
 
-    def forward(self, z, v=None):
-        return self.dnp(F.linear(z, self.effective_weight(v)))
+    def forward(self, xn, g_in=None):
+        return self.output_side(F.linear(xn, self.effective_weight(g_in)))
 
-    def dnp(self, y, expert=None):
-        """Paper 3.2, DNP: g_a * Norm(W(g_b * Norm(x))) per group of outputs; nothing otherwise.
-        MoE: y comes from `expert` (an index, or one per row of y), whose rows of g_a apply."""
-        if self.placement != "dnp":
+    def output_side(self, y, expert=None):
+        """What the placement does after the map: g_out * Norm(y) per group of outputs under DNP (paper 3.2);
+        nothing otherwise (DP's g_out is already in the weight). MoE: y comes from `expert` (an index, or one
+        per row of y), whose rows of g_out apply."""
+        if not self.placement.norm:
             return y
-        u = self.u().view(self.n_expert or 1, -1, self.group)[0 if expert is None else expert]
-        return _ScaledNorm.apply(y.unflatten(-1, (-1, self.group)), u, self.eps).flatten(-2)
+        g = self.g_out().view(self.n_expert or 1, self.n_split, -1, min(self.g_out_width, self.group))
+        g = g[0 if expert is None else expert]
+        return scaled_norm(y.unflatten(-1, (self.n_split, -1, self.group)), g, self.eps, self.fast).flatten(-3)
 
 
 class OutputNorm(nn.Module):
@@ -290,17 +259,20 @@ class OutputNorm(nn.Module):
     def __init__(self, d, cfg):
         super().__init__()
         self.eps = cfg.norm_eps
-        self.g = ScaleVector(1, d, "output", cfg.sv_reparam) if cfg.scale_vectors else None
+        self.g = ScaleVector(1, d, "output", cfg) if cfg.scale_vectors else None
 
     def forward(self, x):
         return F.rms_norm(x, (x.size(-1),), self.g().view(-1) if self.g is not None else None, self.eps)
 
 
-def rope_table(cfg):
-    """e^(i t theta_j) for position t and pair j of a head, shaped to broadcast over (B, T, q|k, H, hd/2)."""
+# ---- attention, SwiGLU, MoE ---------------------------------------------------------------------------------
+
+def rope_table(cfg, T, device):
+    """e^(i t theta_j) for position t < T and pair j of a head, shaped to broadcast over (B, T, q|k, H, hd/2).
+    Computed per forward (T * hd/2 numbers), not kept as a buffer that model.to(dtype) would cast."""
     hd = cfg.n_embd // cfg.n_head
-    freqs = cfg.rope_theta ** (-torch.arange(0, hd, 2, dtype=torch.float32) / hd)
-    angles = torch.outer(torch.arange(cfg.block_size, dtype=torch.float32), freqs)   # (T, hd/2)
+    freqs = cfg.rope_theta ** (-torch.arange(0, hd, 2, dtype=torch.float32, device=device) / hd)
+    angles = torch.outer(torch.arange(T, dtype=torch.float32, device=device), freqs)   # (T, hd/2)
     return torch.polar(torch.ones_like(angles), angles)[:, None, None, :]
 
 
@@ -308,7 +280,7 @@ def apply_rope(x, rope):
     """RoPE: rotate each pair of adjacent channels (a complex number) by a position-dependent angle.
     x: (B, T, ..., hd), here q and k together; one complex multiply is the cheapest form on a CPU."""
     z = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
-    return torch.view_as_real(z * rope[: x.size(1)]).flatten(-2).to(x.dtype)
+    return torch.view_as_real(z * rope).flatten(-2).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -317,8 +289,8 @@ class Attention(nn.Module):
         self.n_head, self.hd = cfg.n_head, cfg.n_embd // cfg.n_head
         d = cfg.n_embd
         # fused q, k, v; g_attn (or g_q, g_k, g_v under HG) is folded into the weight; DNP normalizes per head
-        self.qkv = ScaledLinear(d, 3 * d, cfg, n_split=3, names=("q", "k", "v"), group=self.hd)
-        self.proj = nn.Linear(d, d, bias=False)
+        self.qkv = ScaledLinear(d, 3 * d, cfg, n_split=3, names=("q", "k", "v"), group=self.hd, head_width=self.hd)
+        self.proj = nn.Linear(d, d, bias=False)   # writes into the residual stream: GPT._init_weights scales its init
         self.qk_norm = cfg.qk_norm
         if cfg.qk_norm:   # Gemma 3 / Qwen3: one head-sized vector shared by the heads
             self.q_norm, self.k_norm = OutputNorm(self.hd, cfg), OutputNorm(self.hd, cfg)
@@ -335,14 +307,15 @@ class Attention(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    def __init__(self, cfg, hidden, own_v=True):
+    def __init__(self, cfg, hidden, own_g_in=True):
         super().__init__()
         # fused gate and up; g_ffn (or g_gate, g_up under HG) folded in; DNP normalizes each branch
-        self.gate_up = ScaledLinear(cfg.n_embd, 2 * hidden, cfg, n_split=2, names=("gate", "up"), own_v=own_v)
-        self.down = nn.Linear(hidden, cfg.n_embd, bias=False)
+        self.gate_up = ScaledLinear(cfg.n_embd, 2 * hidden, cfg, n_split=2, names=("gate", "up"), own_g_in=own_g_in)
+        self.down = nn.Linear(hidden, cfg.n_embd, bias=False)   # writes into the residual stream
+        self.fast = cfg.kernels
 
-    def forward(self, xn, v=None):
-        return self.down(swiglu(self.gate_up(xn, v)))
+    def forward(self, xn, g_in=None):
+        return self.down(swiglu(self.gate_up(xn, g_in), self.fast))
 
 
 class MoE(nn.Module):
@@ -350,8 +323,8 @@ class MoE(nn.Module):
     gates renormalized to sum to 1 (k > 1), plus the shared experts; no token is dropped. Router in fp32.
     Balance: DeepSeek-V3's expert bias (it changes which experts are chosen, not the gates; updated by
     GPT.update_expert_bias) or the Switch Transformer's auxiliary loss (self.aux_loss, added by GPT).
-    Scale vectors: one Input-Norm vector g_ffn shared by router and experts; under HG the router and
-    every expert's gate and up own theirs (design page); DP and DNP apply per expert.
+    Scale vectors: one Input-Norm vector g_ffn (self.g_in) shared by router and experts; under HG the router
+    and every expert's gate and up own theirs (DESIGN.md); DP and DNP apply per expert.
     The experts' weights are stacked (E, ...) tensors, so an expert that gets no token still takes part
     in autograd (a zero gradient) and DDP needs no find_unused_parameters."""
 
@@ -359,20 +332,21 @@ class MoE(nn.Module):
         super().__init__()
         d, E, h, hg = cfg.n_embd, cfg.n_experts, cfg.expert_hidden, cfg.sv_hetero
         self.E, self.k, self.router_fn, self.balance = E, cfg.n_experts_active, cfg.moe_router, cfg.moe_balance
-        self.v = ScaleVector(1, d, "input", cfg.sv_reparam) if cfg.scale_vectors and not hg else None
-        self.router = ScaledLinear(d, E, cfg, dual=False, own_v=hg)
-        self.experts = ScaledLinear(d, 2 * h, cfg, n_split=2, names=("gate", "up"), n_expert=E, own_v=hg)
-        self.down = nn.Parameter(torch.empty(E, d, h))   # (E, d, h), initialized by GPT._init_weights
-        self.shared = SwiGLU(cfg, cfg.n_shared_experts * h, own_v=hg) if cfg.n_shared_experts else None
+        self.g_in = ScaleVector(1, d, "input", cfg) if cfg.scale_vectors and not hg else None
+        self.router = ScaledLinear(d, E, cfg, dual=False, own_g_in=hg)
+        self.experts = ScaledLinear(d, 2 * h, cfg, n_split=2, names=("gate", "up"), n_expert=E, own_g_in=hg)
+        self.down = nn.Parameter(torch.empty(E, d, h))   # (E, d, h); writes into the residual stream (GPT._init_weights)
+        self.shared = SwiGLU(cfg, cfg.n_shared_experts * h, own_g_in=hg) if cfg.n_shared_experts else None
         self.register_buffer("expert_bias", torch.zeros(E))   # checkpointed with the weights
         # assignments per expert since the last update: not a buffer, DDP would overwrite it with rank 0's
         self.load, self.last_load, self.aux_loss = None, None, None
         self.impl = None   # "loop" | "grouped" (torch._grouped_mm); None: grouped on CUDA in bf16, else loop
+        self.fast = cfg.kernels
 
     def route(self, x):
         """x (N, d) -> expert ids (N, k), gates (N, k) that sum to 1 (k > 1), scores (N, E); all in fp32."""
         with torch.autocast(x.device.type, enabled=False):
-            W = self.router.effective_weight(self.v() if self.v is not None else None)
+            W = self.router.effective_weight(self.g_in() if self.g_in is not None else None)
             logits = F.linear(x.float(), W.float())
         scores = logits.softmax(-1) if self.router_fn == "softmax" else logits.sigmoid()
         ids = torch.topk(scores + self.expert_bias.float(), self.k, dim=-1).indices   # the bias only chooses
@@ -383,28 +357,28 @@ class MoE(nn.Module):
         x = xn.reshape(-1, xn.size(-1))
         N, k, E = x.size(0), self.k, self.E
         ids, gates, scores = self.route(x)
-        v = self.v() if self.v is not None else None
+        g_in = self.g_in() if self.g_in is not None else None
         flat = ids.flatten()                           # N * k assignments, token-major
         order = flat.argsort(stable=True)              # sorted by expert
         counts = flat.new_zeros(E).scatter_add_(0, flat, torch.ones_like(flat))   # tokens per expert (bincount, static shape)
         xs, expert = x[order // k], flat[order]        # rows in expert order, and their experts
-        W = self.experts.effective_weight(v)           # (E, 2h, d): W * (u v^T) per expert
+        W = self.experts.effective_weight(g_in)        # (E, 2h, d): W * (g_out g_in^T) per expert
         dev = x.device.type
         dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
         impl = self.impl or ("grouped" if x.is_cuda and dt == torch.bfloat16 and hasattr(torch, "_grouped_mm") else "loop")
         if impl == "grouped":   # one grouped GEMM per projection; the groups are the experts' rows
             offs = counts.cumsum(0).int()
             mm = lambda a, w: torch._grouped_mm(a.to(dt), w.to(dt).transpose(-2, -1), offs=offs)
-            y = mm(swiglu(self.experts.dnp(mm(xs, W), expert)), self.down)
+            y = mm(swiglu(self.experts.output_side(mm(xs, W), expert), self.fast), self.down)
         else:                   # an expert with no token runs on an empty slice
             y = []
             for e, (xe, We, De) in enumerate(zip(xs.split(counts.tolist()), W.unbind(), self.down.unbind())):
-                y.append(F.linear(swiglu(self.experts.dnp(F.linear(xe, We), e)), De))
+                y.append(F.linear(swiglu(self.experts.output_side(F.linear(xe, We), e), self.fast), De))
             y = torch.cat(y)
         y = torch.empty_like(y).index_copy_(0, order, y).view(N, k, -1)   # back to token order
         out = (y * gates.unsqueeze(-1)).sum(1)
         if self.shared is not None:
-            out = out + self.shared(x, v)
+            out = out + self.shared(x, g_in)
         if self.training:
             self.load = counts.float() if self.load is None else self.load + counts
             if self.balance == "aux":   # Switch: E * sum_i f_i P_i, f: fraction of assignments, P: mean probability
@@ -413,10 +387,12 @@ class MoE(nn.Module):
         return out.view(xn.shape).type_as(xn)
 
 
+# ---- the model ----------------------------------------------------------------------------------------------
+
 class Block(nn.Module):
     def __init__(self, cfg, moe=False):
         super().__init__()
-        self.eps = cfg.norm_eps
+        self.eps, self.fast = cfg.norm_eps, cfg.kernels
         self.attn = Attention(cfg)
         self.mlp = MoE(cfg) if moe else SwiGLU(cfg, cfg.hidden)
         self.post_norm = cfg.post_norm
@@ -425,10 +401,16 @@ class Block(nn.Module):
 
     def forward(self, x, rope):
         # Pre-Norm: x + Branch(g * Norm(x)); Norm(x) is computed once, g lives in the branch's weights
-        h = self.attn(norm(x, self.eps), rope)
+        h = self.attn(norm(x, self.eps, self.fast), rope)
         x = x + (self.attn_post(h) if self.post_norm else h)
-        h = self.mlp(norm(x, self.eps))
+        h = self.mlp(norm(x, self.eps, self.fast))
         return x + (self.mlp_post(h) if self.post_norm else h)
+
+
+# GPT-2 / nanoGPT: the maps that write into the residual stream, attention's output projection and the FFN's
+# down projection (the experts' stacked ones too), start at std 0.02 / sqrt(2 * n_layer), so that the stream's
+# variance does not grow with depth; every other matrix and the embedding at 0.02
+RESIDUAL_WRITERS = ("attn.proj.weight", ".down.weight", "mlp.down")
 
 
 class GPT(nn.Module):
@@ -437,48 +419,55 @@ class GPT(nn.Module):
         self.config = cfg = config
         self.wte = nn.Embedding(cfg.padded_vocab, cfg.n_embd)
         self.blocks = nn.ModuleList(Block(cfg, cfg.n_experts > 0 and i >= cfg.moe_dense_layers) for i in range(cfg.n_layer))
-        # logits = W_head(g_final * Norm(x)): g_final is an Input-Norm vector, but the head has far more rows
-        # (the vocabulary) than a micro-batch has tokens, so scaling the activations is the cheaper place for it
-        self.head = ScaledLinear(cfg.n_embd, cfg.padded_vocab, cfg, dual=False, own_v=False)
-        self.g_final = ScaleVector(1, cfg.n_embd, "input", cfg.sv_reparam) if cfg.scale_vectors else None
+        # logits = W_head(g_final * Norm(x)). g_final is an Input-Norm vector like g_attn, so the head is a
+        # ScaledLinear: fold_scale_vectors and the decay audit treat it as every other map. The head has far more
+        # rows (the vocabulary) than a micro-batch has tokens, so g_final scales the activations instead of W
+        self.head = ScaledLinear(cfg.n_embd, cfg.padded_vocab, cfg, dual=False, own_g_in=False)
+        self.g_final = ScaleVector(1, cfg.n_embd, "input", cfg) if cfg.scale_vectors else None
         if cfg.tie_embeddings:
             self.head.weight = self.wte.weight
-        self.register_buffer("rope", rope_table(cfg), persistent=False)
-        self.apply(self._init_weights)
+        self._init_weights()
 
-    def _init_weights(self, module):
-        # GPT-2 / nanoGPT: N(0, 0.02); the two maps that write into the residual stream get
-        # 0.02 / sqrt(2 * n_layer) so the stream's variance does not grow with depth
-        std = 0.02
-        if isinstance(module, nn.Linear):
-            std = 0.02 / math.sqrt(2 * self.config.n_layer)
-        if isinstance(module, (nn.Linear, nn.Embedding, ScaledLinear)):   # nn.Linear: proj and down only
-            torch.nn.init.normal_(module.weight, mean=0.0, std=std)
-        if isinstance(module, MoE):   # the experts' down projections write into the residual stream
-            torch.nn.init.normal_(module.down, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
+    def _init_weights(self):
+        """N(0, std) for every matrix and the embedding, std by the parameter's role (RESIDUAL_WRITERS); scale
+        vectors keep their own init. Modules in the order of nn.Module.apply, so a seed gives the same weights
+        as it always has (a tied head draws the embedding again)."""
+        names = {m: n for n, m in self.named_modules()}
+
+        def init(m):
+            if isinstance(m, ScaleVector):
+                return
+            for pname, p in m.named_parameters(recurse=False):
+                name = f"{names[m]}.{pname}"
+                if p.dim() < 2:
+                    raise ValueError(f"{name} has no init rule: put a scale vector in a ScaleVector, or give it one in GPT._init_weights")
+                std = 0.02 / math.sqrt(2 * self.config.n_layer) if name.endswith(RESIDUAL_WRITERS) else 0.02
+                torch.nn.init.normal_(p, mean=0.0, std=std)
+        self.apply(init)
 
     def forward(self, idx, targets=None):
         """Returns (logits over the tokenizer's vocabulary, mean cross-entropy or None)."""
-        T = idx.size(1)
-        if T > self.config.block_size:
-            raise ValueError(f"sequence of {T} tokens is longer than block_size={self.config.block_size}")
+        c, T = self.config, idx.size(1)
+        if T > c.block_size:
+            raise ValueError(f"sequence of {T} tokens is longer than block_size={c.block_size}")
+        rope = rope_table(c, T, idx.device)
         x = self.wte(idx)
         for block in self.blocks:
-            x = block(x, self.rope)
-        x = norm(x, self.config.norm_eps)
+            x = block(x, rope)
+        x = norm(x, c.norm_eps, c.kernels)
         logits = self.head(x * self.g_final() if self.g_final is not None else x)
         loss = None
         if targets is not None:   # padded rows take part in the softmax and learn to stay low
-            loss = cross_entropy(logits.flatten(0, 1), targets.flatten())
-            if self.training and self.config.n_experts and self.config.moe_balance == "aux":
-                loss = loss + self.config.moe_aux_weight * sum(m.aux_loss for m in self.modules() if isinstance(m, MoE))
-        return logits[..., : self.config.vocab_size], loss
+            loss = cross_entropy(logits.flatten(0, 1), targets.flatten(), c.kernels)
+            if self.training and c.n_experts and c.moe_balance == "aux":
+                loss = loss + c.moe_aux_weight * sum(m.aux_loss for m in self.modules() if isinstance(m, MoE))
+        return logits[..., : c.vocab_size], loss
 
     # ---- scale vectors: classification, telemetry, folding -------------------------------
 
     def param_classes(self):
         """name -> class for every parameter, each in exactly one class: 'matrix', 'embedding' (input, untied output),
-        'sv_input' (foldable: an Input-Norm vector or DP's u) or 'sv_output' (cannot fold)."""
+        'sv_input' (foldable: an Input-Norm vector or DP's g_out) or 'sv_output' (cannot fold)."""
         classes, seen = {}, set()
         for mname, m in self.named_modules():
             for pname, p in m.named_parameters(recurse=False):
@@ -529,28 +518,40 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def fold_scale_vectors(self):
-        """A new, equivalent GPT with scale_vectors=False (paper 2.2: W(g * z) = (W diag(g)) z, so an
-        Input-Norm vector adds no expressivity). Only Output-Norm vectors cannot fold."""
+        """A new, equivalent GPT with scale_vectors=False, in this model's dtype and on its device (paper 2.2:
+        W(g * z) = (W diag(g)) z, so an Input-Norm vector adds no expressivity). Output-Norm vectors cannot fold."""
         c = self.config
         blockers = [why for on, why in ((c.qk_norm, "qk_norm"), (c.post_norm, "post_norm"),
-                                        (c.sv_placement == "dnp", "sv_placement='dnp'")) if on]
+                                        (PLACEMENTS[c.sv_placement].norm, f"sv_placement={c.sv_placement!r}")) if on]
         if c.scale_vectors and blockers:
             raise ValueError(f"cannot fold scale vectors with {', '.join(blockers)}: a Norm, not a linear map, "
                              "follows those vectors (Output-Norms add expressivity)")
-        # g_final folds into the head, so a tied head must be untied
-        plain_cfg = replace(c, scale_vectors=False, sv_hetero=False, sv_placement="pre", sv_reparam="none",
-                            tie_embeddings=c.tie_embeddings and not c.scale_vectors)
-        plain = GPT(plain_cfg).to(self.wte.weight.device)
         mods = dict(self.named_modules())
-        shared_v = {f"{n}.{s}": m.v() for n, m in mods.items() if isinstance(m, MoE) and m.v is not None
-                    for s in ("router", "experts", "shared.gate_up")}   # an MoE's g_ffn meets these maps
+        shared_g_in = {f"{n}.{s}": m.g_in() for n, m in mods.items() if isinstance(m, MoE) and m.g_in is not None
+                       for s in ("router", "experts", "shared.gate_up")}   # an MoE's g_ffn meets these maps
         if self.g_final is not None:
-            shared_v["head"] = self.g_final()
+            shared_g_in["head"] = self.g_final()
         state = {}
-        for key in plain.state_dict():
+        for key, value in self.state_dict().items():
             mname, _, pname = key.rpartition(".")
             m = mods[mname]
-            state[key] = (m.effective_weight(shared_v.get(mname)) if isinstance(m, ScaledLinear) else getattr(m, pname)).clone()
+            if isinstance(m, ScaleVector):
+                continue                                  # folded into the weights of the maps it meets
+            if isinstance(m, ScaledLinear) and pname == "weight":
+                state[key] = m.effective_weight(shared_g_in.get(mname)).clone()
+            elif isinstance(m, (nn.Linear, nn.Embedding)) or (isinstance(m, MoE) and pname in ("down", "expert_bias")):
+                state[key] = value.clone()                # no scale vector meets these maps
+            else:
+                raise ValueError(f"fold_scale_vectors does not know how to fold {key}: say in GPT.fold_scale_vectors "
+                                 "which scale vectors meet it (or that none does)")
+        # g_final folds into the head, so a tied head must be untied
+        plain_cfg = replace(c, scale_vectors=False, sv_hetero=False, sv_placement="pre", sv_reparam="none",
+                            sv_dnp_width="full", tie_embeddings=c.tie_embeddings and not c.scale_vectors)
+        with torch.device("meta"):   # no memory and no random draws: every weight comes from `state`
+            plain = GPT(plain_cfg)
+        plain.to_empty(device=self.wte.weight.device).to(self.wte.weight.dtype)
+        if plain_cfg.tie_embeddings:   # to_empty gives the tied head a tensor of its own
+            plain.head.weight = plain.wte.weight
         plain.load_state_dict(state)
         return plain
 
@@ -614,19 +615,18 @@ def default_device():
     return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
 
 
-# Peak dense bf16 FLOP/s (no sparsity) of common GPUs, for MFU; fp32 runs use the TF32 figure.
+# Peak dense bf16 FLOP/s (no sparsity) of common GPUs, for MFU. Their TF32 peak, which float32 runs get
+# (train.py allows TF32 matmuls), is half of it on every GPU of the table (Ampere, Ada, Hopper).
 GPU_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "A10G": 125e12, "L4": 121e12, "4090": 165e12}
 
 
 def peak_flops(device, dtype=torch.bfloat16):
-    """Peak FLOP/s of `device` for MFU: a table for GPUs, a short matmul probe on CPU."""
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        return next((v for k, v in GPU_PEAK_FLOPS.items() if k in name), 312e12)
-    a = torch.randn(1024, 1024, dtype=dtype, device=device)
-    a @ a
-    t0, n = time.perf_counter(), 0
-    while time.perf_counter() - t0 < 0.2:
-        a @ a
-        n += 1
-    return n * 2 * 1024 ** 3 / (time.perf_counter() - t0)
+    """Peak FLOP/s of `device` for matmuls in `dtype` (bf16/fp16, or fp32 through TF32), for MFU; None where it
+    is not known: a CPU (its peak depends on the cores free and the instructions used) or a GPU not in the table."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    peak = next((v for k, v in GPU_PEAK_FLOPS.items() if k in name), None)
+    if peak is None or dtype in (torch.bfloat16, torch.float16):
+        return peak
+    return peak / 2

@@ -69,7 +69,7 @@ device = ""                # "" picks cuda, then mps, then cpu
 dtype = ""                 # "float32" | "bfloat16" (autocast); "" picks bfloat16 on CUDA, float32 elsewhere
 compile = False            # torch.compile the model
 seed = 1337                # fixes the initialization and the order of training batches
-mfu_peak_flops = 0.0       # FLOP/s that MFU divides by; 0: a table of GPUs, or a short matmul probe on a CPU
+mfu_peak_flops = 0.0       # FLOP/s that MFU divides by; 0: model.GPU_PEAK_FLOPS for a GPU in it, else no MFU is printed
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))]
 try:   # every check that needs no data comes first: nothing is written to out_dir before all pass
@@ -178,7 +178,8 @@ if init_from == "resume":
         ckpt_path, ckpt = checkpoint.load_latest(out_dir, fallback=resume_fallback)
     except checkpoint.CheckpointError as e:
         sys.exit(f"error: {e}")
-    saved = {**ckpt["model_args"], "optimizer": ckpt["config"].get("optimizer", "adamw")}
+    # a model key added since the checkpoint was written counts as its default (what the checkpoint trained with)
+    saved = {**{f.name: f.default for f in fields(GPTConfig)}, **ckpt["model_args"], "optimizer": ckpt["config"].get("optimizer", "adamw")}
     mismatched = {k: (saved.get(k), v) for k, v in {**model_args, "optimizer": optimizer}.items() if saved.get(k) != v}
     if mismatched:
         sys.exit(f"error: {ckpt_path} was trained with a different model or optimizer; mismatched keys (checkpoint, requested): "
@@ -408,9 +409,9 @@ while True:
         t0, timed_steps = time.perf_counter(), 0
         stop_if_diverged("training loss", loss_f)
         if master:
-            mfu = flops_per_iter / dt / peak
+            mfu = flops_per_iter / dt / peak if peak else None   # only against a known peak (a CPU has none)
             print(f"iter {iter_num}: loss {loss_f:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter, "
-                  f"{tokens_per_iter / dt:,.0f} tok/s, mfu {100 * mfu:.1f}%")
+                  f"{tokens_per_iter / dt:,.0f} tok/s" + (f", mfu {100 * mfu:.1f}%" if mfu is not None else ""))
             log_metrics({"kind": "train", "iter": iter_num, "loss": loss_f, "lr": lr, "grad_norm": grad_norm.item(),
                          "ms_per_iter": 1000 * dt, "tokens_per_s": tokens_per_iter / dt, "mfu": mfu})
 

@@ -1,15 +1,86 @@
-"""The hand-written backward passes of model.py (_Norm, _ScaledNorm, _SwiGLU, _CrossEntropy): exact gradients in
-float64, bf16 accuracy against a float64 reference, and the activation memory DNP saves for backward."""
+"""kernels.py's hand-written backward passes (_Norm, _ScaledNorm, _SwiGLU, _CrossEntropy): the same values and
+gradients as model.py's plain definitions, exact gradients in float64, bf16 accuracy against a float64 reference,
+the activation memory DNP saves for backward, and training with kernels=False matching kernels=True."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-from model import GPT, GPTConfig, _Norm, _ScaledNorm, _SwiGLU, cross_entropy
+import kernels
+import model
+from kernels import _Norm, _ScaledNorm, _SwiGLU, cross_entropy
+from model import GPT, GPTConfig
 
 
 def rand(*shape, seed=0, dtype=torch.float64):
     g = torch.Generator().manual_seed(seed)
     return torch.randn(*shape, generator=g, dtype=dtype).requires_grad_()
+
+
+# each kernel beside model.py's plain definition of the same operation, on the same arguments
+OPS = {
+    "norm": (lambda x, fast: model.norm(x, 1e-6, fast), lambda: (rand(3, 4, 16),)),
+    "scaled_norm (DNP)": (lambda y, g, fast: model.scaled_norm(y, g, 1e-6, fast),
+                          lambda: (rand(3, 4, 2, 16), (1 + 0.5 * rand(2, 16, seed=1)).detach().requires_grad_())),
+    "scaled_norm, one entry per head": (lambda y, g, fast: model.scaled_norm(y, g, 1e-6, fast),
+                                        lambda: (rand(3, 4, 2, 3, 16), (1 + 0.5 * rand(2, 1, 16, seed=1)).detach().requires_grad_())),
+    "scaled_norm, per row (MoE)": (lambda y, g, fast: model.scaled_norm(y, g, 1e-6, fast),
+                                   lambda: (rand(3, 4, 2, 16), (1 + 0.5 * rand(3, 4, 2, 16, seed=1)).detach().requires_grad_())),
+    "swiglu": (lambda x, fast: model.swiglu(x, fast), lambda: (rand(3, 4, 2 * 8),)),
+    "cross_entropy": (lambda x, fast: model.cross_entropy(x, torch.tensor([3, -1, 0, 10, 5, -1, 2]), fast), lambda: (rand(7, 11),)),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("name", list(OPS))
+def test_kernel_equals_the_plain_definition(name, dtype):
+    """model.py's plain code is the oracle: same values, same gradients for every argument."""
+    fn, args = OPS[name]
+    results = []
+    for fast in (False, True):
+        xs = [a.detach().to(dtype).requires_grad_() for a in args()]
+        out = fn(*xs, fast)
+        out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(9), dtype=dtype))
+        results.append([out.detach()] + [x.grad for x in xs])
+    tol = dict(atol=1e-12, rtol=1e-10) if dtype == torch.float64 else dict(atol=2e-6, rtol=2e-5)
+    for plain, fast in zip(*results):
+        assert plain.dtype == fast.dtype
+        torch.testing.assert_close(fast, plain, **tol)
+
+
+def train_losses(steps=6, **kw):
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(block_size=16, vocab_size=50, vocab_pad=8, n_layer=2, n_head=2, n_embd=32, **kw))
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    idx = torch.randint(0, 50, (4, 16), generator=torch.Generator().manual_seed(1))   # one batch, learnt by heart
+    losses = []
+    for _ in range(steps):
+        loss = m(idx, idx.roll(-1, 1))[1]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("kw", [dict(sv_hetero=True, sv_placement="dnp", sv_reparam="or"),
+                                dict(n_experts=4, n_shared_experts=1, sv_placement="dnp", sv_dnp_width="head")],
+                         ids=["unified", "moe-dnp-head"])
+def test_training_on_the_plain_code_matches_the_kernels(kw):
+    """kernels=False trains on model.py's plain definitions alone; its losses are the kernels' (float32)."""
+    plain, fast = train_losses(kernels=False, **kw), train_losses(kernels=True, **kw)
+    assert fast[-1] < fast[0] - 0.3   # it does train
+    assert plain == pytest.approx(fast, rel=1e-5)   # float32 rounding, amplified a little by Adam
+
+
+def test_the_switch_reaches_every_kernel(monkeypatch):
+    """kernels=False calls none of kernels.py; kernels=True calls each of the four."""
+    calls = []
+    for name in ("norm", "scaled_norm", "swiglu", "cross_entropy"):
+        monkeypatch.setattr(kernels, name, lambda *a, _f=getattr(kernels, name), _n=name: calls.append(_n) or _f(*a))
+    for fast in (False, True):
+        calls.clear()
+        train_losses(steps=1, sv_placement="dnp", kernels=fast)
+        assert set(calls) == (set() if not fast else {"norm", "scaled_norm", "swiglu", "cross_entropy"})
 
 
 def test_norm_gradient_is_exact():

@@ -139,16 +139,16 @@ def test_folding_refuses_output_norm_vectors(name):
 
 
 # The rules of the design page, written independently of ScaleVector.kind: a parameter name -> decayed?
-INPUT_SIDE = re.compile(r"(qkv|gate_up)\.v\.|g_final\.")   # Input-Norm vectors (and HG's branch vectors)
+INPUT_SIDE = re.compile(r"(qkv|gate_up)\.g_in\.|g_final\.")   # Input-Norm vectors (and HG's branch vectors)
 OUTPUT_SIDE = re.compile(r"(q_norm|k_norm|attn_post|mlp_post)\.g\.")  # qk_norm and post_norm vectors
 
 
 def expected_decay(name, placement, policy):
     if not re.search(r"\.(g|alpha|beta)$", name):
         return True   # matrices and the embedding
-    if INPUT_SIDE.search(name) or (placement == "dp" and re.search(r"(qkv|gate_up)\.u\.", name)):
+    if INPUT_SIDE.search(name) or (placement == "dp" and re.search(r"(qkv|gate_up)\.g_out\.", name)):
         return policy in ("iwd", "all")      # foldable: DP's u folds into W's rows
-    assert OUTPUT_SIDE.search(name) or (placement == "dnp" and re.search(r"(qkv|gate_up)\.u\.", name)), name
+    assert OUTPUT_SIDE.search(name) or (placement == "dnp" and re.search(r"(qkv|gate_up)\.g_out\.", name)), name
     return policy == "all"                   # DNP's u sits after a Norm
 
 
@@ -225,8 +225,8 @@ def test_variants_share_the_initial_weights_of_the_baseline():
 
 def test_scale_vector_stats_names_each_branch():
     stats = make(**VARIANTS["unified"]).scale_vector_stats()
-    assert {"blocks.0.attn.qkv.v.q", "blocks.0.attn.qkv.v.k", "blocks.0.attn.qkv.v.v",
-            "blocks.1.mlp.gate_up.u.up", "g_final"} <= set(stats)
+    assert {"blocks.0.attn.qkv.g_in.q", "blocks.0.attn.qkv.g_in.k", "blocks.0.attn.qkv.g_in.v",
+            "blocks.1.mlp.gate_up.g_out.up", "g_final"} <= set(stats)
     assert all(abs(mean - 1) < 1e-5 and abs(lo - 1) < 1e-5 and abs(hi - 1) < 1e-5 for mean, lo, hi in stats.values())
 
 

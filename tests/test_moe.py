@@ -29,11 +29,11 @@ def expert_fn(moe, e, x):
     W_b (v_b * x), times u_b under DP, u_b * Norm(.) under DNP (rows 2e, 2e + 1 of the experts' vectors)."""
     h, ex = moe.down.size(-1), moe.experts
     W = ex.weight[e].view(2, h, -1)
-    v = ex.v()[2 * e : 2 * e + 2] if ex.v is not None else moe.v().expand(2, -1) if moe.v is not None else torch.ones(2, x.size(-1))
-    gate, up = (x @ (W[b] * v[b]).T for b in (0, 1))
-    if ex.placement != "pre":   # DP: u scales the outputs (the rows of W); DNP: u * Norm(.)
-        u, nrm = ex.u()[2 * e : 2 * e + 2], (lambda y: F.rms_norm(y, (h,), eps=ex.eps)) if ex.placement == "dnp" else (lambda y: y)
-        gate, up = u[0] * nrm(gate), u[1] * nrm(up)
+    g_in = ex.g_in()[2 * e : 2 * e + 2] if ex.g_in is not None else moe.g_in().expand(2, -1) if moe.g_in is not None else torch.ones(2, x.size(-1))
+    gate, up = (x @ (W[b] * g_in[b]).T for b in (0, 1))
+    if ex.g_out is not None:   # DP: g_out scales the outputs (the rows of W); DNP: g_out * Norm(.)
+        g_out, nrm = ex.g_out()[2 * e : 2 * e + 2], (lambda y: F.rms_norm(y, (h,), eps=ex.eps)) if ex.placement.norm else (lambda y: y)
+        gate, up = g_out[0] * nrm(gate), g_out[1] * nrm(up)
     return (F.silu(gate) * up) @ moe.down[e].T
 
 
@@ -51,9 +51,9 @@ def test_one_expert_top1_equals_the_dense_swiglu(name):
                 p.copy_(src["experts.weight"][0])
             elif n == "down.weight":
                 p.copy_(src["down"][0])
-            else:   # a scale vector: g_ffn is the MoE's own (moe.v), or the expert's under HG; u is the expert's
-                p.copy_(src[n.replace("gate_up.", "experts.")] if n.startswith("gate_up.u") or moe.v is None
-                        else src[n.replace("gate_up.v.", "v.")])
+            else:   # a scale vector: g_ffn is the MoE's own (moe.g_in), or the expert's under HG; g_out is the expert's
+                p.copy_(src[n.replace("gate_up.", "experts.")] if n.startswith("gate_up.g_out") or moe.g_in is None
+                        else src[n.replace("gate_up.g_in.", "g_in.")])
     x = inputs().view(4, 12, -1)
     ids, gates, _ = moe.route(x.view(-1, x.size(-1)))
     assert torch.equal(gates, torch.ones_like(gates)) and not ids.any()
@@ -245,9 +245,9 @@ def expected_decay(name, placement, policy):
     vectors; the experts' u is DP's (folds) or DNP's (does not)."""
     if not re.search(r"\.(g|alpha|beta)$", name):
         return True
-    if re.search(r"(qkv|gate_up|router|experts)\.v\.|mlp\.v\.|g_final\.", name) or (placement == "dp" and re.search(r"(qkv|gate_up|experts)\.u\.", name)):
+    if re.search(r"(qkv|gate_up|router|experts)\.g_in\.|mlp\.g_in\.|g_final\.", name) or (placement == "dp" and re.search(r"(qkv|gate_up|experts)\.g_out\.", name)):
         return policy in ("iwd", "all")
-    assert placement == "dnp" and re.search(r"(qkv|gate_up|experts)\.u\.", name), name
+    assert placement == "dnp" and re.search(r"(qkv|gate_up|experts)\.g_out\.", name), name
     return policy == "all"
 
 
@@ -259,10 +259,10 @@ def test_weight_decay_groups_classify_the_moe_vectors(policy, kw):
     assert set(classes) == {n for n, _ in model.named_parameters()}   # each parameter once; buffers are not parameters
     assert classes["blocks.0.mlp.down"] == "matrix" and "blocks.0.mlp.expert_bias" not in classes
     if not kw.get("sv_hetero"):
-        assert classes["blocks.0.mlp.v.g"] == "sv_input"
+        assert classes["blocks.0.mlp.g_in.g"] == "sv_input"
     else:
-        assert classes["blocks.0.mlp.router.v.alpha"] == classes["blocks.0.mlp.experts.v.alpha"] == "sv_input"
-        assert classes["blocks.0.mlp.experts.u.alpha"] == {"dp": "sv_input", "dnp": "sv_output"}[kw["sv_placement"]]
+        assert classes["blocks.0.mlp.router.g_in.alpha"] == classes["blocks.0.mlp.experts.g_in.alpha"] == "sv_input"
+        assert classes["blocks.0.mlp.experts.g_out.alpha"] == {"dp": "sv_input", "dnp": "sv_output"}[kw["sv_placement"]]
     names = {id(p): n for n, p in model.named_parameters()}
     for g in model.param_groups(0.1, policy):
         for p in g["params"]:
@@ -271,8 +271,8 @@ def test_weight_decay_groups_classify_the_moe_vectors(policy, kw):
 
 def test_scale_vector_stats_name_each_expert_branch():
     stats = make(**MOE, **VARIANTS["unified"]).scale_vector_stats()
-    assert {"blocks.0.mlp.router.v", "blocks.0.mlp.experts.v.3.gate", "blocks.0.mlp.experts.u.0.up",
-            "blocks.0.mlp.shared.gate_up.v.up"} <= set(stats)
+    assert {"blocks.0.mlp.router.g_in", "blocks.0.mlp.experts.g_in.3.gate", "blocks.0.mlp.experts.g_out.0.up",
+            "blocks.0.mlp.shared.gate_up.g_in.up"} <= set(stats)
 
 
 # ---- train.py end to end --------------------------------------------------------------------------

@@ -209,7 +209,7 @@ def test_a_checkpoint_of_another_model_version_is_one_clear_error(workdir, two_c
     sample.py stop with one sentence naming the file, and the checkpoint stays as it was."""
     path = checkpoint.candidates(two_checkpoints)[0]
     state = torch.load(path, weights_only=True)
-    state["model"]["blocks.0.attn.qkv.v.gain"] = state["model"].pop("blocks.0.attn.qkv.v.g")
+    state["model"]["blocks.0.attn.qkv.g_in.gain"] = state["model"].pop("blocks.0.attn.qkv.g_in.g")
     torch.save(state, path)
     size = os.path.getsize(path)
     sample = lambda: subprocess.run([sys.executable, os.path.join(ROOT, "sample.py"), "--out_dir=out_two", "--max_new_tokens=2"],
@@ -217,7 +217,7 @@ def test_a_checkpoint_of_another_model_version_is_one_clear_error(workdir, two_c
     for p in (train(workdir, "--out_dir=out_two", "--max_iters=6", "--init_from=resume", check=False), sample()):
         last = p.stderr.strip().splitlines()[-1]
         assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
-        assert os.path.basename(path) in last and "does not fit this model" in last and "blocks.0.attn.qkv.v.g" in last, last
+        assert os.path.basename(path) in last and "does not fit this model" in last and "blocks.0.attn.qkv.g_in.g" in last, last
     assert os.path.getsize(path) == size
     state["model_args"]["a_flag_of_another_version"] = True
     torch.save(state, path)
