@@ -10,7 +10,7 @@ import bench as bench_py
 import gpu_check
 from configurator import ConfigError
 from conftest import ROOT
-from test_train import ENV, records, train
+from helpers import ENV, records, train
 
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=2", "--vocab_size=50",
         "--vocab_pad=1", "--device=cpu", "--steps=2", "--warmup=1"]

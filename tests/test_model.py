@@ -1,45 +1,16 @@
-"""The model: shapes, size, causality, and the exact properties of the scale-vector variants
-listed at the end of ../shared/design/scale_vectors.md."""
+"""The model: shapes, size, causality, init, the variant tables, and the exact properties of the scale-vector
+variants that DESIGN.md lists ("Properties a test can check exactly")."""
 import itertools
-import re
+import math
 
 import pytest
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
-from model import GPT, GPTConfig, ScaledLinear, ScaleVector
-
-TINY = dict(block_size=16, vocab_size=50, vocab_pad=8, n_layer=2, n_head=2, n_embd=32)
-VARIANTS = {
-    "baseline": {},
-    "noscale": dict(scale_vectors=False),
-    "hetero": dict(sv_hetero=True),
-    "dp": dict(sv_placement="dp"),
-    "dnp": dict(sv_placement="dnp"),
-    "or": dict(sv_reparam="or"),
-    "er": dict(sv_reparam="er"),
-    "unified": dict(sv_hetero=True, sv_placement="dnp", sv_reparam="or"),
-    "gemma": dict(qk_norm=True, post_norm=True),
-}
-
-
-def make(seed=0, **kw):
-    torch.manual_seed(seed)
-    return GPT(GPTConfig(**{**TINY, **kw}))
-
-
-def tokens(B=3, T=16, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, TINY["vocab_size"], (B, T), generator=g)
-
-
-def randomize_scale_vectors(model, seed=2):
-    """Move every scale-vector parameter away from its init, so that folding has something to fold."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, ScaleVector):
-                for p in m.parameters():
-                    p.add_(0.5 * torch.randn(p.shape, generator=g))
+import model as model_py
+from helpers import TINY, VARIANTS, expected_decay, make, randomize_scale_vectors, tokens
+from model import GPT, GPTConfig, Placement, ScaledLinear, ScaleVector
 
 
 def test_shapes_and_loss():
@@ -136,20 +107,6 @@ def test_folding_reproduces_logits_and_loss(kw):
 def test_folding_refuses_output_norm_vectors(name):
     with pytest.raises(ValueError, match="cannot fold"):
         make(**VARIANTS[name]).fold_scale_vectors()
-
-
-# The rules of the design page, written independently of ScaleVector.kind: a parameter name -> decayed?
-INPUT_SIDE = re.compile(r"(qkv|gate_up)\.g_in\.|g_final\.")   # Input-Norm vectors (and HG's branch vectors)
-OUTPUT_SIDE = re.compile(r"(q_norm|k_norm|attn_post|mlp_post)\.g\.")  # qk_norm and post_norm vectors
-
-
-def expected_decay(name, placement, policy):
-    if not re.search(r"\.(g|alpha|beta)$", name):
-        return True   # matrices and the embedding
-    if INPUT_SIDE.search(name) or (placement == "dp" and re.search(r"(qkv|gate_up)\.g_out\.", name)):
-        return policy in ("iwd", "all")      # foldable: DP's u folds into W's rows
-    assert OUTPUT_SIDE.search(name) or (placement == "dnp" and re.search(r"(qkv|gate_up)\.g_out\.", name)), name
-    return policy == "all"                   # DNP's u sits after a Norm
 
 
 @pytest.mark.parametrize("policy", ["none", "all", "iwd"])

@@ -1,17 +1,13 @@
 """The Mixture-of-Experts FFN (model.MoE): routing, dispatch, balancing, scale vectors, and training
 through train.py (alone, with the unified flags, and under DDP with experts that receive no token)."""
-import re
 import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import MOE, TINY, VARIANTS, expected_decay, final_state, make, randomize_scale_vectors, records, tokens, train
 from model import GPT, GPTConfig, MoE, ScaleVector, SwiGLU
-from test_model import TINY, VARIANTS, make, randomize_scale_vectors, tokens
-from test_train import final_state, records, train
-
-MOE = dict(n_experts=4, n_experts_active=2, n_shared_experts=1, moe_hidden=32)
 
 
 def moe_layer(seed=0, **kw):
@@ -240,17 +236,6 @@ def test_folding_an_moe_model_reproduces_the_logits(kw):
     assert torch.allclose(logits, plain(idx)[0], atol=2e-5, rtol=1e-4)
 
 
-def expected_decay(name, placement, policy):
-    """The design page's rules, for an MoE model: g_ffn, the router's and the experts' v are Input-Norm
-    vectors; the experts' u is DP's (folds) or DNP's (does not)."""
-    if not re.search(r"\.(g|alpha|beta)$", name):
-        return True
-    if re.search(r"(qkv|gate_up|router|experts)\.g_in\.|mlp\.g_in\.|g_final\.", name) or (placement == "dp" and re.search(r"(qkv|gate_up|experts)\.g_out\.", name)):
-        return policy in ("iwd", "all")
-    assert placement == "dnp" and re.search(r"(qkv|gate_up|experts)\.g_out\.", name), name
-    return policy == "all"
-
-
 @pytest.mark.parametrize("policy", ["none", "iwd"])
 @pytest.mark.parametrize("kw", [dict(), dict(sv_placement="dp", sv_hetero=True, sv_reparam="or"), VARIANTS["unified"]])
 def test_weight_decay_groups_classify_the_moe_vectors(policy, kw):
@@ -280,8 +265,9 @@ MOE_ARGS = ["--n_experts=4", "--n_experts_active=2", "--n_shared_experts=1"]
 UNIFIED_ARGS = ["--sv_hetero=True", "--sv_placement=dnp", "--sv_reparam=or", "--sv_weight_decay=iwd"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags", [[], UNIFIED_ARGS], ids=["moe", "moe-unified"])
-def test_an_moe_model_trains(workdir, flags):  # noqa: F811
+def test_an_moe_model_trains(workdir, flags):
     out = f"out_moe{len(flags)}"
     train(workdir, f"--out_dir={out}", "--max_iters=40", "--eval_interval=40", *MOE_ARGS, *flags)
     evals = records(workdir, out, "eval")
@@ -289,7 +275,8 @@ def test_an_moe_model_trains(workdir, flags):  # noqa: F811
     assert evals[1]["val_loss"] < evals[0]["val_loss"] - 0.3, evals
 
 
-def test_ddp_with_experts_that_get_no_token(workdir):  # noqa: F811
+@pytest.mark.slow
+def test_ddp_with_experts_that_get_no_token(workdir):
     """16 tokens per process and micro-step, 32 experts, top-1: at least half the experts get no token in
     every layer and step. DDP must neither fail nor hang, and two processes match one with accumulation."""
     common = ["--max_iters=3", "--eval_interval=3", "--gradient_accumulation_steps=2", "--batch_size=1",

@@ -5,8 +5,7 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from test_model import TINY
-from test_train import records, train
+from helpers import TINY, records, train
 
 WARMUP, DECAY_END, LR, MIN_LR = 4, 16, 3e-3, 3e-4
 
@@ -25,6 +24,7 @@ def expected_lr(it, schedule, frac=0.25, shape="linear"):
     return MIN_LR + (LR - MIN_LR) * (1 - (p if shape == "linear" else math.sqrt(p)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule,shape", [("cosine", "linear"), ("wsd", "linear"), ("wsd", "1-sqrt"), ("constant", "linear")])
 def test_schedule_matches_its_formula(workdir, schedule, shape):
     out = f"out_lr_{schedule}_{shape}"
@@ -50,6 +50,7 @@ def test_muon_takes_exactly_the_hidden_matrices(kw):
     assert sorted(muon + adamw) == sorted(names.values())   # the union is every parameter, each once
 
 
+@pytest.mark.slow
 def test_muon_run_trains_and_resumes(workdir):
     train(workdir, "--out_dir=out_muon", "--max_iters=20", "--eval_interval=10", "--optimizer=muon", "--lr_schedule=wsd")
     evals = records(workdir, "out_muon", "eval")
@@ -59,6 +60,7 @@ def test_muon_run_trains_and_resumes(workdir):
     assert [r["iter"] for r in records(workdir, "out_muon", "train")] == list(range(1, 25))
 
 
+@pytest.mark.slow
 def test_the_same_seed_gives_the_same_final_loss(workdir):
     finals = []
     for out, seed in (("out_seed_a", 7), ("out_seed_b", 7), ("out_seed_c", 8)):

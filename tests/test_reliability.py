@@ -16,7 +16,9 @@ import torch
 
 import checkpoint
 from conftest import ROOT
-from test_train import ENV, TINY_MODEL, records, train
+from helpers import ENV, TINY_MODEL, records, train
+
+pytestmark = pytest.mark.slow   # every test here runs train.py in subprocesses
 
 
 def start(wd, *args):

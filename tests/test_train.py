@@ -1,37 +1,12 @@
 """train.py end to end, as a user runs it: in subprocesses, on a tiny corpus made in tmp_path."""
 import json
-import os
 import shutil
-import subprocess
 import sys
 
 import pytest
 import torch
 
-from conftest import ROOT
-
-TINY_MODEL = ["--dataset=tiny", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=4",
-              "--vocab_pad=1", "--device=cpu", "--log_interval=1", "--eval_iters=2", "--warmup_iters=2",
-              "--learning_rate=3e-3", "--min_lr=3e-4"]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-
-
-def train(wd, *args, launcher=(sys.executable,), check=True):
-    cmd = [*launcher, os.path.join(ROOT, "train.py"), *TINY_MODEL, *args]
-    p = subprocess.run(cmd, cwd=wd, env=ENV, capture_output=True, text=True, timeout=300)
-    if check and p.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed:\n{p.stdout}\n{p.stderr}")
-    return p
-
-
-def records(wd, out_dir, kind):
-    with open(wd / out_dir / "metrics.jsonl") as f:
-        return [r for r in map(json.loads, f) if r["kind"] == kind]
-
-
-def final_state(wd, out_dir):
-    with open(wd / out_dir / "latest") as f:
-        return torch.load(wd / out_dir / f.read().strip(), weights_only=True)
+from helpers import final_state, records, train
 
 
 @pytest.mark.slow
@@ -41,7 +16,7 @@ def test_training_lowers_the_loss(workdir):
     assert [r["iter"] for r in evals] == [0, 40]
     assert evals[1]["val_loss"] < evals[0]["val_loss"] - 0.3, evals
     assert len(records(workdir, "out_drop", "train")) == 40
-    assert "blocks.1.mlp.gate_up.v" in evals[1]["scale_vectors"]   # telemetry of every effective vector
+    assert "blocks.1.mlp.gate_up.g_in" in evals[1]["scale_vectors"]   # telemetry of every effective vector
 
 
 @pytest.mark.slow
