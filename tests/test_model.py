@@ -111,7 +111,8 @@ def test_folding_refuses_output_norm_vectors(name):
 
 @pytest.mark.parametrize("policy", ["none", "all", "iwd"])
 @pytest.mark.parametrize("kw", [dict(qk_norm=True, post_norm=True, sv_reparam="or"), dict(sv_placement="dp", sv_hetero=True),
-                                dict(sv_placement="dnp", post_norm=True, sv_reparam="er"), VARIANTS["unified"]])
+                                dict(sv_placement="dnp", post_norm=True, sv_reparam="er"), VARIANTS["unified"],
+                                dict(sv_placement="dnp", sv_dnp_width="head", sv_reparam="or")])
 def test_weight_decay_groups_follow_the_rules(policy, kw):
     model = make(**kw)
     names = {id(p): n for n, p in model.named_parameters()}
@@ -191,3 +192,208 @@ def test_generate_extends_the_prompt_with_valid_ids():
     model = make()
     out = model.generate(tokens(B=2, T=4), max_new_tokens=20, top_k=5)   # longer than block_size: cropped
     assert out.shape == (2, 24) and int(out.max()) < TINY["vocab_size"]
+
+
+# ---- init: pinned, keyed on the parameter's role ------------------------------------------------------------------
+
+def test_the_baseline_initial_weights_are_pinned():
+    """Seed 0 gives these weights, computed once from main at commit 468b039 (before model.py was reordered): a
+    refactor that changes a construction order, the order of random draws or an init rule fails here. The maps that
+    write into the residual stream start at std 0.02 / sqrt(2 * n_layer) = 0.01, the other matrices at 0.02."""
+    sd = make(seed=0).state_dict()
+    pinned = {
+        "wte.weight": [-0.028090259060263634, 0.01025092601776123, 0.002099335892125964],
+        "blocks.0.attn.qkv.weight": [-0.023752233013510704, 0.012581010349094868, -0.02739636041224003],
+        "blocks.0.attn.proj.weight": [0.004289459902793169, 0.004227630794048309, 0.01422408688813448],
+        "blocks.0.mlp.gate_up.weight": [-0.015736877918243408, 0.0225380752235651, 0.04648180305957794],
+        "blocks.1.mlp.down.weight": [-0.0008787024416960776, 0.010977431200444698, -0.005126084666699171],
+    }
+    for k, first in pinned.items():
+        assert sd[k].flatten()[:3].tolist() == first, k
+    for k, std in (("blocks.1.attn.proj.weight", 0.01), ("blocks.0.mlp.down.weight", 0.01), ("blocks.1.mlp.gate_up.weight", 0.02)):
+        assert abs(sd[k].std().item() - std) < 0.1 * std, k
+    assert torch.equal(sd["head.weight"], sd["wte.weight"]) and (sd["g_final.g"] == 1).all()
+
+
+def test_the_residual_init_follows_the_role_not_the_class():
+    """The MoE experts' stacked down projections and the shared expert's are residual writers too."""
+    model = make(n_experts=4, n_shared_experts=1, n_layer=8)
+    classes = model.param_classes()
+    stds = {n: p.std().item() for n, p in model.named_parameters() if classes[n] in ("matrix", "embedding")}
+    residual = 0.02 / math.sqrt(16)
+    for n, s in stds.items():
+        expected = residual if n.endswith(("attn.proj.weight", "mlp.down", "shared.down.weight")) else 0.02
+        assert abs(s - expected) < 0.15 * expected, (n, s)
+
+
+def test_a_vector_outside_a_scale_vector_has_no_init_rule():
+    class Gained(model_py.OutputNorm):
+        def __init__(self, d, cfg):
+            super().__init__(d, cfg)
+            self.gain = nn.Parameter(torch.ones(d))   # a fork's gain that decay and folding would not know
+    with pytest.raises(ValueError, match="post_norm_gain.gain has no init rule"):
+        model = make()
+        model.post_norm_gain = Gained(32, model.config)
+        model._init_weights()
+
+
+# ---- the variant tables ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("entry", [Placement(g_out="output", norm=False), Placement(g_out=None, norm=True),
+                                   Placement(g_out="input", norm=True), Placement(g_out="sideways", norm=False)])
+def test_a_placement_the_model_cannot_apply_is_refused(monkeypatch, entry):
+    """A fork adds a placement to the table with a piece ScaledLinear does not build: GPTConfig refuses it. (Before
+    the table, an output-side vector with no Norm after it was created, never applied, and trained as an inert
+    vector without an error.)"""
+    monkeypatch.setitem(model_py.PLACEMENTS, "xp", entry)
+    with pytest.raises(ValueError, match=r"PLACEMENTS\['xp'\]"):
+        GPTConfig(**TINY, sv_placement="xp")
+
+
+def test_a_new_placement_or_reparameterization_is_one_table_entry(monkeypatch):
+    """An entry is all it takes: "dp2" (DP's entry) builds DP exactly; "sq" (g = alpha^2) trains its alpha."""
+    monkeypatch.setitem(model_py.PLACEMENTS, "dp2", model_py.PLACEMENTS["dp"])
+    monkeypatch.setitem(model_py.REPARAMS, "sq", model_py.Reparam(init=dict(alpha=1.0), g=lambda sv: sv.alpha ** 2))
+    for kw in (dict(sv_placement="dp2"), dict(sv_reparam="sq")):
+        model = make(**kw)
+        randomize_scale_vectors(model)
+        model(tokens(), tokens(seed=5))[1].backward()
+        for n, p in model.named_parameters():
+            assert p.grad is not None and p.grad.abs().max() > 0, n
+    dp, dp2 = make(sv_placement="dp"), make(sv_placement="dp2")
+    for m in (dp, dp2):
+        randomize_scale_vectors(m)
+    assert torch.equal(dp(tokens())[0], dp2(tokens())[0])
+    assert torch.allclose(dp2.fold_scale_vectors()(tokens())[0], dp2(tokens())[0], atol=2e-5)
+
+
+NO_INERT = {**VARIANTS, "dnp-head": dict(sv_placement="dnp", sv_dnp_width="head"),
+            "moe": dict(n_experts=4, n_shared_experts=1, moe_dense_layers=1),
+            "moe-unified": dict(n_experts=4, n_shared_experts=1, **VARIANTS["unified"]),
+            "moe-dp-er": dict(n_experts=4, n_shared_experts=1, sv_placement="dp", sv_reparam="er"),
+            "moe-dnp-head": dict(n_experts=4, n_shared_experts=1, sv_placement="dnp", sv_dnp_width="head")}
+
+
+@pytest.mark.parametrize("name", list(NO_INERT))
+def test_every_scale_vector_moves_the_loss(name):
+    """No flag is inert: at init, every parameter of every scale vector (qkv, gate/up, router, experts, shared
+    expert, MoE's g_ffn, g_final, qk_norm, post_norm; plain, OR, ER) gets a gradient that is not zero."""
+    model = make(**NO_INERT[name])
+    model(tokens(), tokens(seed=5))[1].backward()
+    vectors = {f"{n}.{pn}": p for n, m in model.named_modules() if isinstance(m, ScaleVector) for pn, p in m.named_parameters()}
+    assert bool(vectors) == model.config.scale_vectors
+    for n, p in vectors.items():
+        assert p.grad is not None and p.grad.abs().max() > 0, n
+
+
+# ---- DNP, dense, written out -----------------------------------------------------------------------------------------
+
+def rms(z, eps=1e-6):
+    return z / torch.sqrt(z.pow(2).mean(-1, keepdim=True) + eps)
+
+
+@pytest.mark.parametrize("width", ["full", "head"])
+def test_dense_dnp_is_the_formula_per_head_and_per_branch(width):
+    """q, k, v = g_out * Norm_per_head(W (g_in * Norm(x))), and gate, up = g_out * Norm(W (g_in * Norm(x))) over
+    the branch's full width, written out by hand from the raw parameters (HG, so each branch has its own g_in)."""
+    model = make(sv_placement="dnp", sv_hetero=True, sv_dnp_width=width)
+    randomize_scale_vectors(model)
+    d, H, hd, h = 32, 2, 16, model.config.hidden
+    x = torch.randn(2, 5, d, generator=torch.Generator().manual_seed(7))
+    xn = rms(x)
+    attn, mlp = model.blocks[0].attn, model.blocks[0].mlp
+    qkv, gate_up = attn.qkv(xn), mlp.gate_up(xn)
+    Wa, ga_in, ga_out = attn.qkv.weight.view(3, d, d), attn.qkv.g_in.g, attn.qkv.g_out.g
+    Wm, gm_in, gm_out = mlp.gate_up.weight.view(2, h, d), mlp.gate_up.g_in.g, mlp.gate_up.g_out.g
+    assert ga_out.shape == ((3, d) if width == "full" else (3, hd)) and gm_out.shape == ((2, h) if width == "full" else (2, 1))
+    for b in range(3):   # q, k, v
+        y = ((xn * ga_in[b]) @ Wa[b].T).view(2, 5, H, hd)
+        expected = (ga_out[b].view(-1, hd) * rms(y)).view(2, 5, d)   # full: a row per head; head: one shared row
+        torch.testing.assert_close(qkv[..., b * d:(b + 1) * d], expected, atol=1e-5, rtol=1e-5)
+    for b in range(2):   # gate, up
+        expected = gm_out[b] * rms((xn * gm_in[b]) @ Wm[b].T)
+        torch.testing.assert_close(gate_up[..., b * h:(b + 1) * h], expected, atol=1e-5, rtol=1e-5)
+
+
+# ---- sv_dnp_width (issue 14) ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_dnp_head_width_parameter_count(moe):
+    """"head": 3 * head_dim (q, k, v) and 2 (gate, up; per expert and for the shared expert) per layer for g_out."""
+    kw = dict(n_experts=4, n_shared_experts=1, moe_hidden=32) if moe else {}
+    c = GPTConfig(**TINY, **kw)
+    hd, L = c.n_embd // c.n_head, c.n_layer
+    extra = make(sv_placement="dnp", sv_dnp_width="head", **kw).num_params() - make(**kw).num_params()
+    per_layer = 3 * hd + (2 * c.n_experts + 2 * c.n_shared_experts if moe else 2)
+    assert extra == L * per_layer
+
+
+def test_dnp_head_width_equals_full_width_with_the_vector_repeated():
+    head, full = make(sv_placement="dnp", sv_dnp_width="head"), make(sv_placement="dnp")
+    randomize_scale_vectors(head)
+    H, h = 2, head.config.hidden
+    with torch.no_grad():
+        for bh, bf in zip(head.blocks, full.blocks):
+            bf.attn.qkv.g_out.g.copy_(bh.attn.qkv.g_out.g.repeat(1, H))          # the head vector on every head
+            bf.mlp.gate_up.g_out.g.copy_(bh.mlp.gate_up.g_out.g.expand(-1, h))   # the branch scalar on every unit
+        sd = {k: v for k, v in head.state_dict().items() if "g_out" not in k}
+        full.load_state_dict(sd, strict=False)
+    assert torch.allclose(head(tokens())[0], full(tokens())[0], atol=1e-6)
+    assert not torch.allclose(head(tokens())[0], make(sv_placement="dnp", sv_dnp_width="head")(tokens())[0], atol=1e-3)
+
+
+def test_dnp_width_is_validated_through_the_placement_table():
+    with pytest.raises(ValueError, match="sv_dnp_width='head' .* needs sv_placement='dnp'"):
+        GPTConfig(sv_dnp_width="head", sv_placement="dp")
+    with pytest.raises(ValueError, match="sv_dnp_width must be one of 'full', 'head'"):
+        GPTConfig(sv_dnp_width="quarter", sv_placement="dnp")
+    classes = make(sv_placement="dnp", sv_dnp_width="head").param_classes()
+    assert classes["blocks.0.attn.qkv.g_out.g"] == classes["blocks.0.mlp.gate_up.g_out.g"] == "sv_output"   # after a Norm
+
+
+# ---- traps found by an independent check --------------------------------------------------------------------------
+
+def test_a_dtype_cast_keeps_rope_exact():
+    """model.to(dtype) cast the complex RoPE buffer to a real one, keeping only cos: logits moved by 5e-4 in float64
+    (6e-4 in bf16). The table is now computed in each forward, in float32, and the model has no buffer to cast."""
+    model, idx = make(), tokens()
+    assert list(model.buffers()) == []
+    torch.testing.assert_close(make().to(torch.float64)(idx)[0], model(idx)[0].double(), atol=1e-6, rtol=0)
+
+
+def test_folding_keeps_the_dtype_and_device_and_draws_no_random_number():
+    model = make(sv_hetero=True, sv_placement="dp", sv_reparam="or").double()
+    randomize_scale_vectors(model)
+    rng = torch.get_rng_state()
+    plain = model.fold_scale_vectors()
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert {(p.dtype, p.device) for p in plain.state_dict().values() if p.is_floating_point()} == {(torch.float64, model.wte.weight.device)}
+    torch.testing.assert_close(plain(tokens())[0], model(tokens())[0], atol=1e-12, rtol=1e-10)
+
+
+def test_folding_refuses_a_weight_it_does_not_know():
+    """A fork's new parameter is neither copied silently nor dropped: folding says where to describe it."""
+    model = make()
+    model.blocks[0].mlp.register_parameter("extra", nn.Parameter(torch.ones(3, 3)))
+    with pytest.raises(ValueError, match="does not know how to fold blocks.0.mlp.extra"):
+        model.fold_scale_vectors()
+
+
+def test_or_normalizes_alpha_with_norm_eps():
+    """OR: g = beta * Norm(alpha) with the model's Norm, eps = norm_eps (F.rms_norm's default eps was used)."""
+    cfg = GPTConfig(**TINY, sv_reparam="or", norm_eps=1e-2)
+    sv = ScaleVector(1, 4, "input", cfg)
+    with torch.no_grad():
+        sv.alpha.fill_(0.1)
+        sv.beta.fill_(2.0)
+    torch.testing.assert_close(sv(), torch.full((1, 4), 2 * 0.1 / math.sqrt(0.1 ** 2 + 1e-2)))
+
+
+def test_peak_flops_follows_the_dtype_and_knows_no_cpu_peak(monkeypatch):
+    """fp32 runs use TF32 (half the bf16 figure); a CPU or an unknown GPU has no peak, so no MFU is printed."""
+    assert model_py.peak_flops(torch.device("cpu")) is None
+    gpu = torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    assert model_py.peak_flops(gpu, torch.bfloat16) == 989e12 and model_py.peak_flops(gpu, torch.float32) == 989e12 / 2
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA Z9000")
+    assert model_py.peak_flops(gpu, torch.bfloat16) is None
