@@ -209,10 +209,10 @@ def interleave(runs, cfg):
         c = configure(defaults, runs[name])
         peak = c["mfu_peak_flops"] or peak_flops(torch.device(info["device"]),
                                                  torch.bfloat16 if info["dtype"] == "bfloat16" else torch.float32)
-        mfu = model.flops_per_token() * info["tokens"] / (ms / 1000) / peak
+        mfu = f"{100 * model.flops_per_token() * info['tokens'] / (ms / 1000) / peak:.1f}%" if peak else "—"   # no known CPU peak
         mem = f"{step_mem[name] / 2**20:,.0f}" if info["device"].startswith("cuda") else "—"
         print(f"| {name} | {sum(p.numel() for p in model.parameters()) / 1e6:.2f} | {ms:.1f} | {ms / base_ms:.3f} "
-              f"| {info['tokens'] / ms * 1000:,.0f} | {100 * mfu:.1f}% | {mem} |")
+              f"| {info['tokens'] / ms * 1000:,.0f} | {mfu} | {mem} |")
 
 
 def compare(runs, cfg):
@@ -251,5 +251,5 @@ if __name__ == "__main__":
         else:
             print(f"{r['params_m']:.2f}M params on {r['device']} in {r['dtype']}: {r['ms']:.1f} ms/step (median of "
                   f"{cfg['steps']}), {r['tokens_per_s']:,.0f} tokens/s, "
-                  + (f"MFU {100 * r['mfu']:.1f}%, " if r["mfu"] is not None else "")
+                  + (f"MFU {100 * r['mfu']:.1f}%, " if r["mfu"] is not None else "MFU — (no known peak: --mfu_peak_flops), ")
                   + f"peak memory {r['peak_mem_mb']:,.0f} MB; warmup {r['warmup_s']:.1f} s")

@@ -252,6 +252,8 @@ def node_estimate(todo, tokens_per_s, gpus, extra):
     from model import GPU_PEAK_FLOPS, peak_flops
     if torch.cuda.is_available():
         peak, gpu = peak_flops(torch.device("cuda")), torch.cuda.get_device_name()
+        if peak is None:   # a GPU not in model.GPU_PEAK_FLOPS
+            peak, gpu = GPU_PEAK_FLOPS["H100"], f"{gpu} (H100's peak assumed: not in model.GPU_PEAK_FLOPS)"
     else:
         peak, gpu = GPU_PEAK_FLOPS["H100"], "H100 (assumed: no GPU on this machine)"
     secs = sum(n * flops_per_token(v.config, tuple(v.overrides + extra)) / (ASSUMED_MFU * peak * gpus) for v, n in todo)

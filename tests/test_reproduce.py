@@ -28,6 +28,7 @@ def final_val(path):
         return [r for r in map(json.loads, f) if r["kind"] == "eval"][-1]["val_loss"]
 
 
+@pytest.mark.slow   # trains a grid of runs in subprocesses
 def test_tiny_grid_summary_matches_metrics_failures_rerun_and_restart_trains_nothing(workdir, monkeypatch, capsys):
     monkeypatch.chdir(workdir)
     cfg = workdir / "hetero_tiny.py"
