@@ -8,6 +8,7 @@ import torch.nn.functional as F
 import kernels
 import model
 from kernels import _Norm, _ScaledNorm, _SwiGLU, cross_entropy
+from helpers import TINY
 from model import GPT, GPTConfig
 
 
@@ -49,7 +50,7 @@ def test_kernel_equals_the_plain_definition(name, dtype):
 
 def train_losses(steps=6, **kw):
     torch.manual_seed(0)
-    m = GPT(GPTConfig(block_size=16, vocab_size=50, vocab_pad=8, n_layer=2, n_head=2, n_embd=32, **kw))
+    m = GPT(GPTConfig(**TINY, **kw))
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
     idx = torch.randint(0, 50, (4, 16), generator=torch.Generator().manual_seed(1))   # one batch, learnt by heart
     losses = []
@@ -87,10 +88,11 @@ def test_norm_gradient_is_exact():
     assert torch.autograd.gradcheck(lambda x: _Norm.apply(x, 1e-6), (rand(3, 4, 16),))
 
 
-@pytest.mark.parametrize("u_shape", [(2, 16), (3, 4, 2, 16)], ids=["shared", "per-row (MoE)"])
-def test_scaled_norm_gradient_is_exact(u_shape):
-    u = (1 + 0.5 * rand(*u_shape, seed=1)).detach().requires_grad_()   # some entries negative
-    assert torch.autograd.gradcheck(lambda y, u: _ScaledNorm.apply(y, u, 1e-6), (rand(3, 4, 2, 16), u))
+@pytest.mark.parametrize("g_shape", [(2, 16), (2, 1, 16), (3, 4, 2, 16)], ids=["shared", "per head", "per-row (MoE)"])
+def test_scaled_norm_gradient_is_exact(g_shape):
+    g = (1 + 0.5 * rand(*g_shape, seed=1)).detach().requires_grad_()   # some entries negative
+    y = rand(3, 4, 2, 16) if len(g_shape) != 3 else rand(3, 4, 2, 3, 16)
+    assert torch.autograd.gradcheck(lambda y, g: _ScaledNorm.apply(y, g, 1e-6), (y, g))
 
 
 def test_swiglu_gradient_is_exact():
@@ -100,18 +102,18 @@ def test_swiglu_gradient_is_exact():
 def test_scaled_norm_in_bf16_is_as_accurate_as_autograd_in_bf16():
     """The bf16 function recovers Norm(y) from its bf16 output; its error against float64 stays at
     the level of plain autograd on the same bf16 inputs (about 2^-8)."""
-    y, u, dout = rand(8, 64, 4, 128, seed=3), 1 + 0.1 * rand(4, 128, seed=4), rand(8, 64, 4, 128, seed=5)
-    u = u.detach()
+    y, g, dout = rand(8, 64, 4, 128, seed=3), 1 + 0.1 * rand(4, 128, seed=4), rand(8, 64, 4, 128, seed=5)
+    g = g.detach()
 
     def run(fn, dtype):
-        yy, uu = y.detach().to(dtype).requires_grad_(), u.clone().requires_grad_()
-        out = fn(yy, uu)
+        yy, gg = y.detach().to(dtype).requires_grad_(), g.clone().requires_grad_()
+        out = fn(yy, gg)
         out.backward(dout.to(dtype))
-        return [t.double() for t in (out, yy.grad, uu.grad)]
+        return [t.double() for t in (out, yy.grad, gg.grad)]
 
-    reference = lambda y, u: F.rms_norm(y, (y.size(-1),), eps=1e-6) * u.to(y.dtype)
+    reference = lambda y, g: F.rms_norm(y, (y.size(-1),), eps=1e-6) * g.to(y.dtype)
     truth = run(reference, torch.float64)
-    ours = run(lambda y, u: _ScaledNorm.apply(y, u, 1e-6), torch.bfloat16)
+    ours = run(lambda y, g: _ScaledNorm.apply(y, g, 1e-6), torch.bfloat16)
     autograd = run(reference, torch.bfloat16)
     for a, b, t in zip(ours, autograd, truth):
         err_ours, err_autograd = ((a - t).norm() / t.norm()).item(), ((b - t).norm() / t.norm()).item()
@@ -119,12 +121,12 @@ def test_scaled_norm_in_bf16_is_as_accurate_as_autograd_in_bf16():
 
 
 def test_scaled_norm_with_a_zero_entry_stays_finite():
-    u = torch.ones(2, 16, dtype=torch.float64)
-    u[0, 3] = 0.0
-    u.requires_grad_()
+    g = torch.ones(2, 16, dtype=torch.float64)
+    g[0, 3] = 0.0
+    g.requires_grad_()
     y = rand(3, 2, 16)
-    _ScaledNorm.apply(y, u, 1e-6).pow(2).sum().backward()
-    assert torch.isfinite(y.grad).all() and torch.isfinite(u.grad).all()
+    _ScaledNorm.apply(y, g, 1e-6).pow(2).sum().backward()
+    assert torch.isfinite(y.grad).all() and torch.isfinite(g.grad).all()
 
 
 def saved_bytes(model, idx):
@@ -141,16 +143,16 @@ def saved_bytes(model, idx):
 
 
 def test_dnp_keeps_no_extra_activations():
-    """Paper 3.2, DNP: u * Norm(W x) on q, k, v and on gate, up. Compared with the baseline, autograd keeps
-    only one float r per token and group (a head, or a branch) and the vectors u: never a copy of W x."""
-    cfg = dict(block_size=16, vocab_size=50, vocab_pad=8, n_layer=2, n_head=2, n_embd=32)
+    """Paper 3.2, DNP: g_out * Norm(W x) on q, k, v and on gate, up. Compared with the baseline, autograd keeps
+    only one float r per token and group (a head, or a branch) and the vectors g_out: never a copy of W x."""
+    cfg = TINY
     B, T = 4, 16
     idx = torch.randint(0, 50, (B, T), generator=torch.Generator().manual_seed(0))
     base, dnp = (GPT(GPTConfig(**cfg, sv_placement=p)) for p in ("pre", "dnp"))
     c = dnp.config
     r_bytes = 4 * B * T * (3 * c.n_head + 2)     # float32 r per (token, head) of q, k, v and per (token, branch)
-    u_bytes = 4 * (3 * c.n_embd + 2 * c.hidden)  # the vectors u of qkv and gate_up
-    assert saved_bytes(dnp, idx) - saved_bytes(base, idx) == c.n_layer * (r_bytes + u_bytes)
+    g_bytes = 4 * (3 * c.n_embd + 2 * c.hidden)  # the vectors g_out of qkv and gate_up
+    assert saved_bytes(dnp, idx) - saved_bytes(base, idx) == c.n_layer * (r_bytes + g_bytes)
 
 
 @pytest.mark.parametrize("kw", [{}, dict(sv_hetero=True, sv_placement="dnp", sv_reparam="or")], ids=["baseline", "unified"])
@@ -158,7 +160,7 @@ def test_model_compiles_without_graph_breaks(kw):
     """compile=True must compile the whole model, hand-written backward passes included (a graph break
     silently falls back to eager); aot_eager traces forward and backward as inductor would, in seconds."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=16, vocab_size=50, vocab_pad=8, n_layer=2, n_head=2, n_embd=32, **kw))
+    model = GPT(GPTConfig(**TINY, **kw))
     idx = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(1))
     losses, grads = [], []
     for m in (model, torch.compile(model, backend="aot_eager", fullgraph=True)):

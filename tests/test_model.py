@@ -37,7 +37,7 @@ def test_unified_extra_parameters_closed_formula():
     c = GPTConfig(**TINY)
     d, h, L = c.n_embd, c.hidden, c.n_layer
     extra = GPT(GPTConfig(**TINY, **VARIANTS["unified"])).num_params() - GPT(c).num_params()
-    # HG: g_q, g_k, g_v and g_gate, g_up instead of g_attn, g_ffn; DNP: g_a over q, k, v (3d) and gate, up (2h);
+    # HG: g_q, g_k, g_v and g_gate, g_up instead of g_attn, g_ffn; DNP: g_out over q, k, v (3d) and gate, up (2h);
     # OR: one beta per vector row (5 input rows + 5 output rows per layer, 1 for g_final)
     assert extra == L * ((3 * d - d) + (2 * d - d) + 3 * d + 2 * h + 10) + 1
 
@@ -125,7 +125,7 @@ def test_weight_decay_groups_follow_the_rules(policy, kw):
 
 
 def effective_update(lr=0.5, **kw):
-    """How one SGD step moves each effective weight W * (u v^T)."""
+    """How one SGD step moves each effective weight W * (g_out g_in^T)."""
     model = make(seed=0, **kw)
     before = {n: m.effective_weight().detach().clone() for n, m in model.named_modules() if isinstance(m, ScaledLinear)}
     idx = tokens()
@@ -139,7 +139,7 @@ def effective_update(lr=0.5, **kw):
 @pytest.mark.parametrize("name", ["hetero", "dp", "or", "er", "noscale"])
 def test_each_variant_changes_the_update_of_the_linear_maps(name):
     """Same function at init, yet a different preconditioner (paper 2.2, 3): the effective weights
-    W * (u v^T) move differently from the baseline's in one SGD step, so no flag is silently inert."""
+    W * (g_out g_in^T) move differently from the baseline's in one SGD step, so no flag is silently inert."""
     base, again, variant = effective_update(), effective_update(), effective_update(**VARIANTS[name])
     for k in ("blocks.0.attn.qkv", "blocks.0.mlp.gate_up"):
         assert torch.equal(base[k], again[k])   # deterministic: a difference is the variant's doing
