@@ -18,8 +18,6 @@ import checkpoint
 from conftest import ROOT
 from helpers import ENV, TINY_MODEL, records, train
 
-pytestmark = pytest.mark.slow   # every test here runs train.py in subprocesses
-
 
 def start(wd, *args):
     return subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *TINY_MODEL, *args], cwd=wd, env=ENV,
