@@ -23,6 +23,7 @@ Writes config.json, model.safetensors (float32) and, for a run on GPT-2's BPE, t
 AutoTokenizer.from_pretrained / AutoModelForCausalLM.from_pretrained load the folder with no network.
 Needs safetensors; with transformers installed, --verify compares the export's logits with the checkpoint's.
 """
+import functools
 import json
 import os
 import shutil
@@ -158,6 +159,7 @@ def _bytes_to_unicode():
     return dict(zip(bs, map(chr, cs)))
 
 
+@functools.lru_cache
 def gpt2_vocab_merges():
     """(vocab, merges) of GPT-2's BPE in the format of vocab.json / merges.txt. The ranks file holds only
     the merged tokens, in merge order; the merge that made token t (rank r) is the pair of pieces that
@@ -169,7 +171,10 @@ def gpt2_vocab_merges():
     text = lambda b: "".join(show[x] for x in b)
     merges = []
     for token, rank in ranks.items():
-        parts = [bytes([b]) for b in token]
+        splits = [(token[:i], token[i:]) for i in range(1, len(token))
+                  if ranks.get(token[:i], rank) < rank and ranks.get(token[i:], rank) < rank]
+        # one split into two earlier tokens: it is the merge; several: replay the merging to find which
+        parts = list(splits[0]) if len(splits) == 1 else [bytes([b]) for b in token]
         while len(parts) > 2:
             pairs = [(ranks.get(a + b, rank), j) for j, (a, b) in enumerate(zip(parts, parts[1:]))]
             best, j = min(pairs)
