@@ -133,7 +133,7 @@ def write_run(folder, cfg, dataset, tokenizer):
     """A run folder as train.py leaves it (one checkpoint), and data/<dataset>/meta.json beside it."""
     model = randomized(cfg)
     model_args = {f: getattr(cfg, f) for f in cfg.__dataclass_fields__}
-    checkpoint.save(str(folder / "out"), {"model": model.state_dict(), "model_args": model_args,
+    checkpoint.save(str(folder / "out"), {"model": model.state_dict(), "optimizers": [], "model_args": model_args,
                                           "config": {"dataset": dataset}, "iter_num": 7, "best_val_loss": 1.0}, 7)
     (folder / "data" / dataset).mkdir(parents=True)
     (folder / "data" / dataset / "meta.json").write_text(json.dumps({"tokenizer": tokenizer, "vocab_size": cfg.vocab_size}))
