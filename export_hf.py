@@ -255,14 +255,17 @@ def main(argv):
         if not args["to"]:
             raise ConfigError("say where to write the export: --to=hf/<name>")
         path, ckpt = checkpoint.load_latest(args["out_dir"])
-        model = GPT(GPTConfig(**ckpt["model_args"]))
-        checkpoint.restore_model(model, ckpt["model"], path)
-        model.eval()
-        config, state = hf_export(model)
-    except (ConfigError, checkpoint.CheckpointError, ExportError) as e:
+    except (ConfigError, checkpoint.CheckpointError) as e:
         sys.exit(f"error: {e}")
+    try:
+        model = GPT(GPTConfig(**ckpt["model_args"]))
     except (TypeError, ValueError) as e:   # model_args of another version of model.py
         sys.exit(f"error: checkpoint {path} was written by another version of model.py ({e})")
+    try:
+        checkpoint.restore_model(model, ckpt["model"], path)
+        config, state = hf_export(model.eval())
+    except (checkpoint.CheckpointError, ExportError) as e:
+        sys.exit(f"error: {e}")
     try:
         import safetensors  # noqa: F401
     except ImportError:
