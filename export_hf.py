@@ -1,0 +1,298 @@
+"""
+Export a trained model to Hugging Face format: a plain Llama, whatever scale-vector variant trained it.
+
+    python export_hf.py --out_dir=out/<run> --to=hf/<name>
+
+Paper, section 2.2: an Input-Norm scale vector adds no expressivity, W (g * z) = (W diag(g)) z, so
+GPT.fold_scale_vectors() turns a model trained with HG, DP, OR or ER (or none) into an equivalent one with
+no scale vector at all. That model is a standard LlamaForCausalLM once three layout details match:
+  - RoPE: model.py rotates adjacent channel pairs (2i, 2i+1) of a head, Llama's rotate_half rotates the
+    halves (i, i + hd/2); reordering the rows of q and k in each head to [0, 2, 4, ..., 1, 3, 5, ...]
+    makes the two the same (q.k is unchanged when q and k are reordered alike);
+  - norms: Llama's RMSNorm is weight * x / sqrt(mean(x^2) + eps), so its weights are 1 (the vectors are
+    folded) and rms_norm_eps = norm_eps; a tied head keeps g_final in the final norm's weight instead,
+    since folding it into the head would untie it;
+  - vocabulary: the rows added by vocab_pad are dropped (vocab_size rows are written): no token id points
+    at them and model.py never returns their logits (its loss's softmax does include them: see --verify).
+qk_norm (g_q * Norm(q), g_k * Norm(k) per head, one vector shared by the heads, before RoPE) is exactly
+Qwen3's q_norm / k_norm, so such a model is written as a Qwen3ForCausalLM. DNP, post_norm and MoE are
+refused: a Norm, not a linear map, follows their vectors (or the FFN is not a Llama one).
+
+Writes config.json, model.safetensors (float32) and, for a run on GPT-2's BPE, the tokenizer files
+(vocab.json, merges.txt, built offline from data/raw/gpt2.tiktoken), so that
+AutoTokenizer.from_pretrained / AutoModelForCausalLM.from_pretrained load the folder with no network.
+Needs safetensors; with transformers installed, --verify compares the export's logits with the checkpoint's.
+"""
+import functools
+import json
+import os
+import shutil
+import sys
+from dataclasses import replace
+
+import torch
+
+import checkpoint
+from configurator import ConfigError, configure
+from model import GPT, GPTConfig
+
+out_dir = "out"         # the run: its newest complete checkpoint is exported
+to = ""                 # the folder to write (replaced as a whole if it exists)
+verify = True           # load the export with transformers (if installed) and compare logits on a probe
+
+# The one place that knows model.py's names. Keys: state_dict names of the *folded* GPT (per block after
+# "blocks.{i}."), values: the Hugging Face names of their equal row blocks (a fused weight is split).
+BLOCK_WEIGHTS = {
+    "attn.qkv.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+    "attn.proj.weight": ("self_attn.o_proj.weight",),
+    "mlp.gate_up.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+    "mlp.down.weight": ("mlp.down_proj.weight",),
+}
+ROPE_ROWS = ("self_attn.q_proj.weight", "self_attn.k_proj.weight")   # rows reordered to Llama's RoPE layout
+EMBEDDING, HEAD = "wte.weight", "head.weight"
+FINAL_VECTOR = "g_final"                                             # GPT attribute: a ScaleVector or None
+QK_NORMS = {"attn.q_norm": "self_attn.q_norm.weight", "attn.k_norm": "self_attn.k_norm.weight"}   # OutputNorm modules
+GPT2_VOCAB = 50257
+
+
+class ExportError(ValueError):
+    """A model that has no exact Hugging Face equivalent, or a run that cannot be exported."""
+
+
+def check_exportable(cfg):
+    """Raise ExportError, one sentence naming the flag, if cfg is not a plain Llama (or Qwen3) once folded."""
+    why = "a Norm, not a linear map, follows its scale vectors, so they cannot fold and Llama has no such norm"
+    if cfg.scale_vectors and cfg.sv_placement == "dnp":
+        raise ExportError(f"sv_placement='dnp' cannot be exported: {why} (DNP's g_a sits after Norm(W x))")
+    if cfg.post_norm:
+        raise ExportError(f"post_norm=True cannot be exported: {why} (it normalizes each branch's output)")
+    if cfg.n_experts:
+        raise ExportError(f"n_experts={cfg.n_experts} cannot be exported: the MoE FFN (router, expert bias, "
+                          "shared experts) is not a Llama MLP; export a dense model (n_experts=0)")
+
+
+def rope_order(n_head, hd):
+    """Row order that turns model.py's RoPE layout (pairs 2i, 2i+1) into Llama's (pairs i, i + hd/2), per head."""
+    within = torch.cat((torch.arange(0, hd, 2), torch.arange(1, hd, 2)))
+    return (torch.arange(n_head)[:, None] * hd + within).flatten()
+
+
+def _fold(model):
+    """model.fold_scale_vectors(), also for qk_norm: fold_scale_vectors refuses qk_norm as a whole because
+    its vectors cannot fold, but every other vector of such a model still folds; the q/k vectors become
+    Qwen3's q_norm / k_norm weights, so fold a copy of the model without them."""
+    cfg = model.config
+    if not cfg.qk_norm:
+        return model.fold_scale_vectors()
+    twin = GPT(replace(cfg, qk_norm=False)).to(next(model.parameters()).device)
+    own = twin.state_dict()
+    state = {k: v for k, v in model.state_dict().items() if k in own}
+    twin.load_state_dict(state)   # strict: the twin holds exactly the model's weights but the q/k vectors
+    return twin.fold_scale_vectors()
+
+
+def _vector(module):
+    """The effective scale vector of an OutputNorm / ScaleVector holder, or None (scale_vectors=False)."""
+    g = module.g if hasattr(module, "g") else module
+    return None if g is None else g().reshape(-1)
+
+
+@torch.no_grad()
+def hf_export(model):
+    """(config dict, state dict) of the Hugging Face model equal to `model` (a GPT), float32, on the CPU."""
+    cfg = model.config
+    check_exportable(cfg)
+    plain = _fold(model).cpu().float()
+    folded = plain.state_dict()
+    d, hd, V = cfg.n_embd, cfg.n_embd // cfg.n_head, cfg.vocab_size
+    order = rope_order(cfg.n_head, hd)
+    ones = torch.ones(d)
+    state = {"model.embed_tokens.weight": folded[EMBEDDING][:V]}   # padded rows dropped
+    for i in range(cfg.n_layer):
+        for name, hf_names in BLOCK_WEIGHTS.items():
+            for hf_name, w in zip(hf_names, folded[f"blocks.{i}.{name}"].chunk(len(hf_names), dim=0)):
+                state[f"model.layers.{i}.{hf_name}"] = w[order] if hf_name in ROPE_ROWS else w
+        state[f"model.layers.{i}.input_layernorm.weight"] = ones      # g_attn is folded into q, k, v
+        state[f"model.layers.{i}.post_attention_layernorm.weight"] = ones   # g_ffn into gate, up
+        if cfg.qk_norm:   # Qwen3: one head-sized vector shared by the heads, like model.py's; RoPE order too
+            mods = dict(model.named_modules())
+            for name, hf_name in QK_NORMS.items():
+                g = _vector(mods[f"blocks.{i}.{name}"])
+                state[f"model.layers.{i}.{hf_name}"] = (torch.ones(hd) if g is None else g.float().cpu())[order[:hd]]
+    g_final = getattr(model, FINAL_VECTOR)
+    if cfg.tie_embeddings:   # keep the tie: g_final goes into the final norm's weight, not into the head
+        state["model.norm.weight"] = ones if g_final is None else g_final().reshape(-1).float().cpu()
+    else:                    # untied: the folded head already holds W_head diag(g_final)
+        state["model.norm.weight"] = ones
+        state["lm_head.weight"] = folded[HEAD][:V]
+    state = {k: v.contiguous().clone() for k, v in state.items()}
+    arch = "Qwen3" if cfg.qk_norm else "Llama"
+    config = {
+        "architectures": [f"{arch}ForCausalLM"], "model_type": arch.lower(),
+        "vocab_size": V, "hidden_size": d, "intermediate_size": cfg.hidden, "num_hidden_layers": cfg.n_layer,
+        "num_attention_heads": cfg.n_head, "num_key_value_heads": cfg.n_head, "head_dim": hd,
+        "hidden_act": "silu", "max_position_embeddings": cfg.block_size, "rms_norm_eps": cfg.norm_eps,
+        # transformers < 5 reads rope_theta, >= 5 rope_parameters
+        "rope_theta": cfg.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": False, "mlp_bias": False,
+        "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True, "torch_dtype": "float32",
+    }
+    if cfg.qk_norm:
+        config.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.n_layer,
+                      layer_types=["full_attention"] * cfg.n_layer)
+    if V == GPT2_VOCAB:
+        config.update(bos_token_id=GPT2_VOCAB - 1, eos_token_id=GPT2_VOCAB - 1)
+    return config, state
+
+
+# ---- GPT-2 tokenizer files, from the vendored ranks -------------------------------------------------
+
+def _bytes_to_unicode():
+    """GPT-2's map from the 256 bytes to printable characters, in which vocab.json and merges.txt are written."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+@functools.lru_cache
+def gpt2_vocab_merges():
+    """(vocab, merges) of GPT-2's BPE in the format of vocab.json / merges.txt. The ranks file holds only
+    the merged tokens, in merge order; the merge that made token t (rank r) is the pair of pieces that
+    byte-pair merging of t with the ranks below r stops at (as tiktoken's educational bpe does)."""
+    from prepare_data import EOT, gpt2_encoding   # checks the vendored file's sha256
+    enc = gpt2_encoding()
+    ranks = {enc.decode_single_token_bytes(r): r for r in range(EOT)}
+    show = _bytes_to_unicode()
+    text = lambda b: "".join(show[x] for x in b)
+    merges = []
+    for token, rank in ranks.items():
+        splits = [(token[:i], token[i:]) for i in range(1, len(token))
+                  if ranks.get(token[:i], rank) < rank and ranks.get(token[i:], rank) < rank]
+        # one split into two earlier tokens: it is the merge; several: replay the merging to find which
+        parts = list(splits[0]) if len(splits) == 1 else [bytes([b]) for b in token]
+        while len(parts) > 2:
+            pairs = [(ranks.get(a + b, rank), j) for j, (a, b) in enumerate(zip(parts, parts[1:]))]
+            best, j = min(pairs)
+            if best >= rank:
+                raise ExportError(f"GPT-2 token {rank} cannot be built from earlier merges: data/raw/gpt2.tiktoken is not a BPE ranks file")
+            parts[j:j + 2] = [parts[j] + parts[j + 1]]
+        if len(parts) == 2:
+            merges.append((rank, f"{text(parts[0])} {text(parts[1])}"))
+    vocab = {text(token): rank for token, rank in ranks.items()}
+    vocab["<|endoftext|>"] = EOT
+    return vocab, [m for _, m in sorted(merges)]
+
+
+def write_gpt2_tokenizer(folder, model_max_length):
+    vocab, merges = gpt2_vocab_merges()
+    with open(os.path.join(folder, "vocab.json"), "w", encoding="utf-8") as f:
+        json.dump(vocab, f, ensure_ascii=False)
+    with open(os.path.join(folder, "merges.txt"), "w", encoding="utf-8") as f:
+        f.write("#version: 0.2\n" + "\n".join(merges) + "\n")
+    eot = "<|endoftext|>"
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "GPT2Tokenizer", "bos_token": eot, "eos_token": eot, "unk_token": eot,
+                   "add_prefix_space": False, "add_bos_token": False, "model_max_length": model_max_length}, f, indent=2)
+
+
+# ---- the command ------------------------------------------------------------------------------------
+
+def save(config, state, folder, tokenizer=None, block_size=1024):
+    """Write the export into `folder`, replacing it whole: files go to a sibling temporary folder first,
+    so an interrupted export never leaves a half-written one (nor destroys the previous one before)."""
+    from safetensors.torch import save_file
+    folder = os.path.normpath(folder)
+    tmp, old = folder + ".tmp", folder + ".old"
+    for stale in (tmp, old):
+        shutil.rmtree(stale, ignore_errors=True)
+    os.makedirs(tmp)
+    save_file(state, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(tmp, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    if tokenizer == "gpt2":
+        write_gpt2_tokenizer(tmp, block_size)
+    if os.path.exists(folder):
+        os.replace(folder, old)
+    os.replace(tmp, folder)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+@torch.no_grad()
+def compare(model, folder, n_tokens=64, seed=0):
+    """Load the export with transformers and return (max |logit difference|, loss difference) on a random
+    probe: the loss difference is what the dropped padded rows took of model.py's softmax (>= 0)."""
+    from transformers import AutoModelForCausalLM
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    cfg = model.config
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(cfg.vocab_size, (1, min(n_tokens, cfg.block_size) + 1), generator=gen)
+    model = model.float().cpu().eval()
+    logits, loss = model(idx[:, :-1], idx[:, 1:])
+    hf_logits = hf(idx[:, :-1]).logits
+    sliced = torch.nn.functional.cross_entropy(logits.flatten(0, 1), idx[0, 1:])
+    return (hf_logits - logits).abs().max().item(), (loss - sliced).item()
+
+
+def tokenizer_of(ckpt):
+    """'gpt2', 'char' or None (unknown): the tokenizer the run's data was prepared with."""
+    dataset = ckpt.get("config", {}).get("dataset")
+    path = os.path.join("data", str(dataset), "meta.json")
+    if not dataset or not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f).get("tokenizer")
+
+
+def main(argv):
+    defaults = {"out_dir": out_dir, "to": to, "verify": verify}
+    try:
+        args = configure(defaults, argv)
+        if not args["to"]:
+            raise ConfigError("say where to write the export: --to=hf/<name>")
+        path, ckpt = checkpoint.load_latest(args["out_dir"])
+    except (ConfigError, checkpoint.CheckpointError) as e:
+        sys.exit(f"error: {e}")
+    try:
+        model = GPT(GPTConfig(**ckpt["model_args"]))
+    except (TypeError, ValueError) as e:   # model_args of another version of model.py
+        sys.exit(f"error: checkpoint {path} was written by another version of model.py ({e})")
+    try:
+        checkpoint.restore_model(model, ckpt["model"], path)
+        config, state = hf_export(model.eval())
+    except (checkpoint.CheckpointError, ExportError) as e:
+        sys.exit(f"error: {e}")
+    try:
+        import safetensors  # noqa: F401
+    except ImportError:
+        sys.exit("error: export_hf.py writes model.safetensors and needs safetensors: pip install safetensors")
+    tok = tokenizer_of(ckpt)
+    if tok == "gpt2" and model.config.vocab_size != GPT2_VOCAB:
+        sys.exit(f"error: the run's data is GPT-2 BPE but the model has vocab_size={model.config.vocab_size}, not {GPT2_VOCAB}")
+    save(config, state, args["to"], tok, model.config.block_size)
+    c = model.config
+    print(f"{path} (iteration {ckpt.get('iter_num')}) -> {args['to']}: {config['architectures'][0]}, "
+          f"{c.vocab_size} of {c.padded_vocab} vocabulary rows (the padding is dropped), "
+          f"head {'tied, g_final in model.norm.weight' if c.tie_embeddings else 'untied, g_final folded into lm_head'}")
+    print({"gpt2": "tokenizer: GPT-2 BPE (vocab.json, merges.txt)",
+           "char": "tokenizer: none written (a char-level vocabulary; ids are meta.json's 'chars' indices)",
+           None: f"tokenizer: none written (no data/{ckpt.get('config', {}).get('dataset')}/meta.json to tell which)"}.get(tok, f"tokenizer: none written ({tok!r})"))
+    if args["verify"]:
+        try:
+            diff, pad = compare(model, args["to"])
+        except ImportError:
+            print("verify: skipped (pip install transformers to compare the export's logits with the checkpoint's)")
+        else:
+            print(f"verify: max |logit difference| {diff:.2e} on a random probe (float32); "
+                  f"the dropped padded rows held {pad:.2e} nats of model.py's loss there")
+            if diff > 1e-3:
+                sys.exit(f"error: the export's logits differ from the checkpoint's by {diff:.2e}: "
+                         f"report this with your config; the export in {args['to']} is not equivalent")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
