@@ -7,6 +7,7 @@ CPU grids (Tiny Shakespeare, several single-process runs at a time):
 
     python reproduce.py                          # the default grid, 3 seeds, 2 runs at a time
     python reproduce.py --dry_run                # list the runs and the time estimate
+    python reproduce.py --summary_only           # the summary and plots of what is there, no run
     python reproduce.py --variants=noscale,unified --seeds=5   # a subset (their baselines come along)
     python reproduce.py --add='wide:config/unified_char.py:--n_embd=192,--n_head=6'   # try an idea
     python reproduce.py --grid=lr --seeds=1      # learning-rate sweep of baseline, noscale, unified (+ Muon);
@@ -579,6 +580,8 @@ def main(argv=None, grids=GRIDS):
     p.add_argument("--replace", action="store_true", help="run over results of other settings in the folder")
     p.add_argument("--keep_checkpoints", action="store_true", help="keep each finished run's checkpoints (always on a node grid)")
     p.add_argument("--dry_run", action="store_true", help="list the runs and the time estimate, run nothing")
+    p.add_argument("--summary_only", action="store_true",
+                   help="run nothing: write the summary and plots from the results in the folder (e.g. copied from a cluster)")
     cpu = p.add_argument_group("CPU grids: several single-process runs at a time")
     cpu.add_argument("--jobs", type=int, default=2, help="runs at a time; each gets cpu_count // jobs threads")
     cpu.add_argument("--max_iters", type=int, default=MAX_ITERS)
@@ -646,6 +649,8 @@ def main(argv=None, grids=GRIDS):
             state = "done  " if done else "resume" if resumable(run_dir, args_list) else "to do "
             print(f"{state} " + shlex.join([*launch, v.config, *args_list]))
         return 0
+    if a.summary_only:
+        todo = []
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     keep = a.keep_checkpoints or torchrun is not None   # a node run's model is worth keeping

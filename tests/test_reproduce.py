@@ -270,3 +270,20 @@ def test_the_metrics_reader_skips_a_torn_last_line(tmp_path):
     lines = [json.dumps({"kind": "eval", "iter": i, "val_loss": 2.0 - i / 10}) for i in (0, 1)]
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"kind": "eval", "it')   # a write cut short
     assert [r["iter"] for r in read_metrics(tmp_path)] == [0, 1]
+
+
+def test_summary_only_rewrites_the_committed_summary_from_its_results_and_runs_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    res = tmp_path / "results" / "default"
+    shutil.copytree(os.path.join(ROOT, "results", "default"), res, ignore=shutil.ignore_patterns("*.png", "summary.*"))
+    monkeypatch.setattr(reproduce, "run_one", lambda *a, **k: pytest.fail("--summary_only must run nothing"))
+    monkeypatch.setattr("plot_metrics.plot_grid", lambda *a, **k: None)   # the figures are not what is checked here
+    assert reproduce.main(["--summary_only"]) == 0
+    with open(res / "summary.json") as f:
+        new = {r["variant"]: r for r in json.load(f)["rows"]}
+    with open(os.path.join(ROOT, "results", "default", "summary.json")) as f:
+        old = {r["variant"]: r for r in json.load(f)["rows"]}
+    assert set(new) == set(old) and all(new[v]["n"] >= 3 for v in new)
+    for v, r in old.items():   # seeds 1-3 are committed for every variant: the same means over them
+        if r.get("diff_mean") is not None and len(new[v]["paired_seeds"]) == 3:
+            assert abs(new[v]["diff_mean"] - r["diff_mean"]) < 1e-12, v
