@@ -152,9 +152,12 @@ def scaling_grid():
                              [f"--max_iters={round(iters * float(b))}", *shape], None, "", 0))
         v.append(Variant(f"unified_{size}", "config/unified_char.py", [f"--max_iters={iters}", *shape],
                          f"baseline_{size}_x1", UNIFIED, -1))
-        if size == "4x128":
-            v.append(Variant(f"dnp_{size}", "config/dnp_char.py", [f"--max_iters={iters}", *shape],
-                             f"baseline_{size}_x1", "DNP: dual placement with a norm lowers the loss (3.2)", -1))
+        if size == "4x128":   # DNP alone, and both with a head-sized g_out (issue 14.5), at the recipe's size
+            for name, claim in [("dnp", "DNP: dual placement with a norm lowers the loss (3.2)"),
+                                ("dnp_head", "DNP with a head-sized g_out (sv_dnp_width='head')"),
+                                ("unified_head", "unified with a head-sized g_out (sv_dnp_width='head')")]:
+                v.append(Variant(f"{name}_{size}", f"config/{name}_char.py", [f"--max_iters={iters}", *shape],
+                                 f"baseline_{size}_x1", claim, -1))
     return v
 
 
@@ -477,16 +480,17 @@ def scaling_rows(results, tokens_per_iter=768, train_tokens=1_003_854):
         xs = [float(b) for b in BUDGETS]
         mean_curve = [float(np.mean([base[b][s]["val_loss"] for s in seeds])) for b in BUDGETS]
         fits[size] = {"budgets": xs, "iters": iters, "baseline": mean_curve, "fit": list(fit_budget(xs, mean_curve)), "variants": {}}
-        for name in (f"unified_{size}", f"dnp_{size}"):
+        for name in [v.name for v in scaling_grid() if v.name.endswith(f"_{size}") and v.baseline]:
             res, paired = results.get(name, {}), [s for s in seeds if s in results.get(name, {})]
             if not paired:
                 continue
             per_seed = [budget_needed(fit_budget(xs, [base[b][s]["val_loss"] for b in BUDGETS]), res[s]["val_loss"]) for s in paired]
             loss = float(np.mean([res[s]["val_loss"] for s in paired]))
             factor = budget_needed(fits[size]["fit"], loss)
-            fits[size]["variants"][name.split("_")[0]] = loss
+            label = name[: -len(size) - 1]
+            fits[size]["variants"][label] = loss
             gap = mean_std([res[s]["val_loss"] - base["1"][s]["val_loss"] for s in paired])
-            rows.append({"size": size, "variant": name.split("_")[0], "params": non_embedding_params(n_layer, n_embd),
+            rows.append({"size": size, "variant": label, "params": non_embedding_params(n_layer, n_embd),
                          "iters": iters, "epochs_1x": iters * tokens_per_iter / train_tokens,
                          "epochs_2x": 2 * iters * tokens_per_iter / train_tokens, "seeds": paired,
                          "gap_mean": gap[0], "gap_std": gap[1], "factor": factor,
