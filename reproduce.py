@@ -485,8 +485,8 @@ def scaling_rows(results, tokens_per_iter=768, train_tokens=1_003_854):
             if not paired:
                 continue
             per_seed = [budget_needed(fit_budget(xs, [base[b][s]["val_loss"] for b in BUDGETS]), res[s]["val_loss"]) for s in paired]
-            loss = float(np.mean([res[s]["val_loss"] for s in paired]))
-            factor = budget_needed(fits[size]["fit"], loss)
+            loss = float(np.mean([res[s]["val_loss"] for s in paired]))   # against the baseline of the same seeds
+            factor = budget_needed(fit_budget(xs, [np.mean([base[b][s]["val_loss"] for s in paired]) for b in BUDGETS]), loss)
             label = name[: -len(size) - 1]
             fits[size]["variants"][label] = loss
             gap = mean_std([res[s]["val_loss"] - base["1"][s]["val_loss"] for s in paired])
@@ -503,7 +503,7 @@ def scaling_lines(rows):
     lines = ["## Compute efficiency and scaling (issue 14.2-3)", "",
              f"Each size trains at {', '.join(BUDGETS)} x its budget (a fixed {768_000 / 803_968:.3f} tokens per non-embedding "
              "parameter, a complete schedule each); the baseline's loss is fitted as L(C) = E + A C^-alpha over those "
-             "budgets (means over seeds). Factor: the budget at which the fitted baseline reaches the variant's loss, "
+             "budgets (means over the variant's seeds). Factor: the budget at which the fitted baseline reaches the variant's loss, "
              "over the 1x budget the variant used (the paper: 1.22-1.25x). Per-seed factors fit each seed's own curve.", "",
              "| size | variant | non-emb. params | iters at 1x | epochs at 1x / 2x | seeds | loss - baseline (same budget) "
              "| compute factor | per seed |", "|---|---|---|---|---|---|---|---|---|"]
