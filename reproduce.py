@@ -375,7 +375,7 @@ def summarize(grid, results):
             d_mean, d_std = mean_std(diffs)
             half = None if d_std is None else T975[min(len(seeds) - 1, len(T975)) - 1] * d_std / np.sqrt(len(seeds))
             row.update(paired_seeds=seeds, diff_mean=d_mean, diff_std=d_std,
-                       ci95=None if half is None else [d_mean - half, d_mean + half],
+                       ci95=None if half is None else [float(d_mean - half), float(d_mean + half)],
                        agree=int(sum(np.sign(d) == v.sign for d in diffs)) if v.sign else None,
                        within_noise=None if d_std is None else bool(abs(d_mean) <= 2 * d_std / np.sqrt(len(seeds))),
                        direction_matches=None if d_mean is None or not v.sign else bool(np.sign(d_mean) == v.sign))
