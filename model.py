@@ -53,7 +53,7 @@ REPARAMS = {
     "er": Reparam(init=dict(alpha=0.0, beta=0.0), g=lambda sv: torch.exp(sv.beta + sv.alpha - sv.alpha.mean(-1, keepdim=True))),
 }
 
-# width of DNP's g_out (issue 14): "full", the map's output width (DESIGN.md); "head", one head-sized vector
+# width of DNP's g_out, an open choice (DESIGN.md): "full", the map's output width; "head", one head-sized vector
 # per branch q, k, v shared by the heads, one scalar per branch gate, up (per expert in MoE)
 DNP_WIDTHS = ("full", "head")
 

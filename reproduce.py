@@ -121,7 +121,7 @@ LRS = ("5e-4", "1e-3", "2e-3", "4e-3", "8e-3")   # factors of 2 around the recip
 
 
 def lr_grid():
-    """Issue 14.1: every family at each learning rate, paired with the baseline at the same rate."""
+    """The paper compares against well-tuned baselines: every family at each learning rate, paired with the baseline at the same rate."""
     v = []
     for lr in LRS:
         adamw = [f"--learning_rate={lr}", f"--min_lr={float(lr) / 10:g}"]   # the schedule ends at lr / 10
@@ -135,7 +135,7 @@ def lr_grid():
     return v
 
 
-# Issue 14.2-3: model sizes (layers x width, head size 32) at a fixed number of tokens per parameter: the
+# Compute efficiency and scaling: model sizes (layers x width, head size 32) at a fixed number of tokens per parameter: the
 # 4x128 recipe's 1000 iterations x 768 tokens over its 0.80M non-embedding parameters (0.955 tokens per
 # parameter, 0.77 epochs). The baseline also trains at 0.5x-2x of that budget, each with a complete
 # schedule, so the budget it needs to match unified's loss can be read off a fit.
@@ -152,7 +152,7 @@ def scaling_grid():
                              [f"--max_iters={round(iters * float(b))}", *shape], None, "", 0))
         v.append(Variant(f"unified_{size}", "config/unified_char.py", [f"--max_iters={iters}", *shape],
                          f"baseline_{size}_x1", UNIFIED, -1))
-        if size == "4x128":   # DNP alone, and both with a head-sized g_out (issue 14.5), at the recipe's size
+        if size == "4x128":   # DNP alone, and both with a head-sized g_out, at the recipe's size
             for name, claim in [("dnp", "DNP: dual placement with a norm lowers the loss (3.2)"),
                                 ("dnp_head", "DNP with a head-sized g_out (sv_dnp_width='head')"),
                                 ("unified_head", "unified with a head-sized g_out (sv_dnp_width='head')")]:
@@ -407,7 +407,7 @@ def write_summary(out, rows, header, more=()):
         f.write("\n".join(lines) + "\n")
 
 
-# ---- issue 14: tuned comparisons, compute efficiency, scaling ----------------------------------------
+# ---- the claims as the paper measures them: tuned comparisons, compute efficiency, scaling ----------------------------------------
 def lr_sweep(results, seeds=(1,)):
     """{family: {lr: mean val loss over `seeds`}} from the lr grid's variant names <family>_lr<lr>."""
     sweep = {}
@@ -419,7 +419,7 @@ def lr_sweep(results, seeds=(1,)):
 
 
 def tuned_rows(grid, results):
-    """Issue 14.1, tuned against tuned: each family at the rate that was best in the sweep (seed 1), paired
+    """Tuned against tuned: each family at the rate that was best in the sweep (seed 1), paired
     seed by seed with its baseline family at *that* family's best rate. bracketed: both neighbours of the best
     rate in LRS were measured (or it is at the end of LRS); otherwise the optimum may lie further out."""
     sweep, rows = lr_sweep(results), {}
@@ -500,7 +500,7 @@ def scaling_rows(results, tokens_per_iter=768, train_tokens=1_003_854):
 
 def scaling_lines(rows):
     f = lambda x: "∞" if x == float("inf") else f"{x:.2f}"
-    lines = ["## Compute efficiency and scaling (issue 14.2-3)", "",
+    lines = ["## Compute efficiency and scaling", "",
              f"Each size trains at {', '.join(BUDGETS)} x its budget (a fixed {768_000 / 803_968:.3f} tokens per non-embedding "
              "parameter, a complete schedule each); the baseline's loss is fitted as L(C) = E + A C^-alpha over those "
              "budgets (means over the variant's seeds). Factor: the budget at which the fitted baseline reaches the variant's loss, "
@@ -517,7 +517,7 @@ def scaling_lines(rows):
 
 def lr_report(results):
     sweep, rows = lr_sweep(results), tuned_rows(lr_grid(), results)
-    lines = ["## Learning-rate sweep (issue 14.1)", "",
+    lines = ["## Learning-rate sweep", "",
              "Validation loss, seed 1. AdamW families sweep `learning_rate` (the schedule ends at a tenth of it); Muon "
              "families sweep `muon_lr` (AdamW's part keeps 1e-3). **Bold**: the family's best rate. A best rate whose "
              "neighbours were not both measured is marked: the optimum may lie further out. — : not run (a family "
