@@ -145,6 +145,7 @@ def plot_report(out, grid_name, report):
                 ax.plot([1], [loss], "s", label=f"{name} at 1x")
                 ax.axhline(loss, lw=0.5, ls=":", color=ax.lines[-1].get_color())
             ax.set(xscale="log", xlabel=f"budget (x {f['iters']} iterations)", ylabel="validation loss", title=size)
+            ax.set_xticks(f["budgets"], [f"{b:g}x" for b in f["budgets"]], minor=False), ax.minorticks_off()
             ax.legend(fontsize=6)
         fig.tight_layout(), fig.savefig(os.path.join(out, "compute_efficiency.png"), dpi=80), plt.close(fig)
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.6))
