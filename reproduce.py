@@ -407,7 +407,7 @@ def write_summary(out, rows, header, more=()):
         f.write("\n".join(lines) + "\n")
 
 
-# ---- the claims as the paper measures them: tuned comparisons, compute efficiency, scaling ----------------------------------------
+# ---- the claims as the paper measures them: tuned comparisons, compute efficiency, scaling ----------
 def lr_sweep(results, seeds=(1,)):
     """{family: {lr: mean val loss over `seeds`}} from the lr grid's variant names <family>_lr<lr>."""
     sweep = {}
