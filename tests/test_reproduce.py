@@ -96,8 +96,8 @@ def test_other_settings_are_refused_more_seeds_are_not_and_a_subset_summarizes_t
     assert "0 done, 51 to do" in capsys.readouterr().out
     assert reproduce.main(["--max_iters=500", "--dry_run", "--results_dir=elsewhere"]) == 0
     assert "0 done, 51 to do" in capsys.readouterr().out
-    assert reproduce.main(["--variants=noscale", "--seeds=4", "--dry_run"]) == 0
-    assert "2 variants x 4 seeds = 8 runs, 6 done, 2 to do" in capsys.readouterr().out   # seeds added in place
+    assert reproduce.main(["--variants=moe_unified", "--seeds=7", "--dry_run"]) == 0
+    assert "2 variants x 7 seeds = 14 runs, 6 done, 8 to do" in capsys.readouterr().out   # seeds added in place
 
     assert reproduce.main(["--variants=noscale"]) == 0   # nothing to run: summarize
     with open(res / "summary.json") as f:
@@ -106,7 +106,7 @@ def test_other_settings_are_refused_more_seeds_are_not_and_a_subset_summarizes_t
         committed = {r["variant"]: r for r in json.load(f)["rows"]}
     assert rows.keys() == committed.keys() and len(rows) == 17   # the whole grid, not the subset
     for name, row in committed.items():
-        assert rows[name]["n"] == 3 and rows[name]["val_loss_mean"] == row["val_loss_mean"]
+        assert rows[name]["n"] == row["n"] and rows[name]["val_loss_mean"] == row["val_loss_mean"]
         assert rows[name].get("diff_mean") == row.get("diff_mean")
     assert (res / "val_loss.png").stat().st_size > 1000
 
