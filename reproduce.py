@@ -284,7 +284,9 @@ def write_json(path, obj):
 
 
 def checkpoints(run_dir):
-    return sorted(glob.glob(os.path.join(run_dir, "ckpt_*.pt"))) + glob.glob(os.path.join(run_dir, "latest"))
+    """A run folder's checkpoints (checkpoint.checkpoints, by iteration) and its `latest` pointer."""
+    import checkpoint   # here: a dry run or a summary need not import torch
+    return checkpoint.checkpoints(run_dir) + glob.glob(os.path.join(run_dir, "latest"))
 
 
 def resumable(run_dir, args_list):
