@@ -238,14 +238,23 @@ ASSUMED_MFU = 0.40
 
 
 @functools.lru_cache(maxsize=None)
-def flops_per_token(config, overrides=()):
+def flops_per_token(config, overrides=(), vocab_size=50257):
     import torch
     from dataclasses import fields
     from model import GPT, GPTConfig
     cfg = train_config(config, overrides)
     with torch.device("meta"):   # sizes only: no memory, no initialization
-        model = GPT(GPTConfig(**{f.name: cfg[f.name] for f in fields(GPTConfig) if f.name != "vocab_size"}))
+        model = GPT(GPTConfig(**{f.name: cfg[f.name] for f in fields(GPTConfig) if f.name != "vocab_size"},
+                              vocab_size=vocab_size))
     return model.flops_per_token()
+
+
+def local_estimate(v, iters, extra):
+    """Seconds for one CPU run: MS_PER_ITER scaled by the run's FLOPs per token against the default size (a
+    floor of a quarter: at the smallest sizes Python's overhead, not arithmetic, sets the pace)."""
+    char = functools.partial(flops_per_token, vocab_size=65)   # CPU grids train on Tiny Shakespeare's 65 characters
+    scale = char(v.config, tuple(v.overrides + extra)) / char("config/baseline_char.py")
+    return OVERHEAD_S + iters * MS_PER_ITER / 1000 * max(0.25, scale)
 
 
 def node_estimate(todo, tokens_per_s, gpus, extra):
@@ -647,8 +656,10 @@ def main(argv=None, grids=GRIDS):
         print(f"; {sum(n for _, n in sized) / 1e9:.2f}B tokens to train, one run at a time on {gpus} GPUs; "
               f"estimate {secs / 3600:.1f} h ({how})" if todo else "")
     else:
-        est = len(todo) * (OVERHEAD_S + a.max_iters * MS_PER_ITER / 1000) / max(1, min(a.jobs, os.cpu_count() or 1))
-        print(f"; {a.max_iters} iterations each; estimate {est / 60:.0f} min at the default model size with {a.jobs} jobs")
+        iters = [int(next(x for x in j[2] if x.startswith("--max_iters=")).split("=")[1]) for j in todo]
+        secs = sum(local_estimate(j[0], n, extra) for j, n in zip(todo, iters)) / max(1, min(a.jobs, os.cpu_count() or 1))
+        span = f"{min(iters)}-{max(iters)}" if todo and min(iters) < max(iters) else f"{iters[0]}" if todo else ""
+        print(f"; {span} iterations each; estimate {secs / 60:.0f} min with {a.jobs} jobs" if todo else "")
     if a.dry_run:
         for v, seed, args_list, run_dir, done in jobs:
             launch = ["python", "train.py"] if torchrun is None else ["torchrun", *torchrun, "train.py"]

@@ -125,6 +125,22 @@ def test_added_variant_from_the_command_line():
         assert str(e.value.code).startswith("error: --add=") and "\n" not in str(e.value.code)
 
 
+def test_cpu_dry_run_estimates_each_run_by_its_own_iterations_and_size(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    base = reproduce.Variant("baseline", "config/baseline_char.py", [], None, "", 0)
+    big = base._replace(name="big", overrides=["--n_layer=8", "--n_embd=256", "--n_head=8"])
+    one = reproduce.local_estimate(base, 1000, [])
+    assert one == reproduce.OVERHEAD_S + 1000 * reproduce.MS_PER_ITER / 1000   # the default size is the unit
+    assert reproduce.local_estimate(base, 2000, []) - reproduce.OVERHEAD_S == pytest.approx(2 * (one - reproduce.OVERHEAD_S))
+    assert reproduce.local_estimate(big, 1000, []) > 4 * one   # 8x the parameters of 4x128 (and longer attention rows)
+    assert reproduce.main(["--grid=scaling", "--seeds=1", "--jobs=1", "--dry_run"]) == 0
+    grid = reproduce.scaling_grid()
+    want = sum(reproduce.local_estimate(v, int(reproduce.run_args(v, 1000, [], 1, "x")[0].split("=")[1]), [])
+               for v in grid)
+    out = capsys.readouterr().out.splitlines()[0]
+    assert f"{len(grid)} to do; 66-3952 iterations each; estimate {want / 60:.0f} min with 1 jobs" in out, out
+
+
 def test_node_grid_dry_run_sizes_runs_by_tokens_and_estimates_time(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     argv = ["--grid=node", "--nproc_per_node=8", "--seeds=2", "--tokens=1e9", "--dry_run"]
