@@ -270,9 +270,11 @@ def write_documents(docs, out_dir, num_tokens, val_tokens, name="fineweb_edu", s
 def download_error(e):
     msg = (str(e).splitlines() or [""])[0]
     return (f"error: could not download FineWeb-Edu (no network?): {type(e).__name__}: {msg}; "
-            "on an offline machine use `python prepare_data.py text --input FILE --name NAME`")
+            "offline, prepare local shards with `--data_files 'DIR/*.parquet'` (or a text file with "
+            "`python prepare_data.py text --input FILE --name NAME`)")
 
 def import_datasets():
+    os.environ.setdefault("HF_HUB_VERBOSITY", "error")   # the Hub's retry warnings would come before our one sentence
     try:
         import datasets
     except ImportError:
