@@ -98,7 +98,10 @@ def plot_grid(out, grid, results):
         ax.legend(fontsize=7)
     fig.tight_layout(), fig.savefig(os.path.join(out, "diff_vs_baseline.png"), dpi=80), plt.close(fig)
 
-    shown = [n for n in ("baseline", "unified") if results.get(n)] or [v.name for v in have[:2]]
+    with_vectors = [v.name for v in have if next(iter(results[v.name].values()))["sv_means"]]   # noscale has none
+    shown = [n for n in ("baseline", "unified") if n in with_vectors] or with_vectors[:2]
+    if not shown:
+        return
     fig, axes = panels(len(shown))
     for ax, name in zip(axes, shown):
         res = results[name]

@@ -372,6 +372,15 @@ def mean_std(xs):
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
 
 
+def ci95(diffs):
+    """95% t-interval [lo, hi] of the mean of paired differences; None under 2 of them."""
+    mean, std = mean_std(diffs)
+    if std is None:
+        return None
+    half = T975[min(len(diffs) - 1, len(T975)) - 1] * std / np.sqrt(len(diffs))
+    return [float(mean - half), float(mean + half)]
+
+
 def summarize(grid, results):
     rows = []
     for v in grid:
@@ -384,9 +393,7 @@ def summarize(grid, results):
             seeds = sorted(set(res) & set(base))
             diffs = [res[s]["val_loss"] - base[s]["val_loss"] for s in seeds]
             d_mean, d_std = mean_std(diffs)
-            half = None if d_std is None else T975[min(len(seeds) - 1, len(T975)) - 1] * d_std / np.sqrt(len(seeds))
-            row.update(paired_seeds=seeds, diff_mean=d_mean, diff_std=d_std,
-                       ci95=None if half is None else [float(d_mean - half), float(d_mean + half)],
+            row.update(paired_seeds=seeds, diff_mean=d_mean, diff_std=d_std, ci95=ci95(diffs),
                        agree=int(sum(np.sign(d) == v.sign for d in diffs)) if v.sign else None,
                        within_noise=None if d_std is None else bool(abs(d_mean) <= 2 * d_std / np.sqrt(len(seeds))),
                        direction_matches=None if d_mean is None or not v.sign else bool(np.sign(d_mean) == v.sign))
@@ -398,6 +405,10 @@ def pm(m, s, fmt=".4f"):
     return "—" if m is None else f"{m:{fmt}}" + ("" if s is None else f" ± {s:.4f}")
 
 
+def interval(ci):
+    return "—" if ci is None else "[{:+.4f}, {:+.4f}]".format(*ci)
+
+
 def write_summary(out, rows, header, more=()):
     word = {True: "yes", False: "no", None: "—"}
     lines = [*header, "", "| variant | vs | n | val loss (mean ± std) | paired diff (mean ± std) | 95% CI | agree "
@@ -406,7 +417,7 @@ def write_summary(out, rows, header, more=()):
         diff = ci = agree = noise = ""
         if r["baseline"]:
             diff = f"{pm(r['diff_mean'], r['diff_std'], '+.4f')} (n={len(r['paired_seeds'])})"
-            ci = "—" if r["ci95"] is None else "[{:+.4f}, {:+.4f}]".format(*r["ci95"])
+            ci = interval(r["ci95"])
             agree = "—" if r["agree"] is None else f"{r['agree']}/{len(r['paired_seeds'])}"
             noise = {True: "within noise", False: "beyond noise", None: "—"}[r["within_noise"]]
         lines.append(f"| {r['variant']} | {r['baseline'] or ''} | {r['n']} | {pm(r['val_loss_mean'], r['val_loss_std'])} "
@@ -446,8 +457,9 @@ def tuned_rows(grid, results):
         if base:
             res, bres = results[r["variant"]], results[base["variant"]]
             seeds = sorted(set(res) & set(bres))
-            r.update(baseline=base["variant"], seeds=seeds, claim=v.claim,
-                     **dict(zip(("diff_mean", "diff_std"), mean_std([res[s]["val_loss"] - bres[s]["val_loss"] for s in seeds]))))
+            diffs = [res[s]["val_loss"] - bres[s]["val_loss"] for s in seeds]
+            r.update(baseline=base["variant"], seeds=seeds, claim=v.claim, ci95=ci95(diffs),
+                     **dict(zip(("diff_mean", "diff_std"), mean_std(diffs))))
     return list(rows.values())
 
 
@@ -539,12 +551,12 @@ def lr_report(results):
         cells = [("**%.4f**" if lr == r["best_lr"] else "%.4f") % by[lr] if lr in by else "—" for lr in LRS]
         lines.append(f"| {r['family']} | {' | '.join(cells)} | {r['best_lr']}{'' if r['bracketed'] else ' (not bracketed)'} |")
     lines += ["", "### Tuned against tuned", "", "Each family at its best rate against its baseline at the baseline's "
-              "best rate, paired by seed.", "", "| variant | vs | seeds | paired diff (mean ± std) | paper's claim |",
-              "|---|---|---|---|---|"]
+              "best rate, paired by seed.", "", "| variant | vs | seeds | paired diff (mean ± std) | 95% CI | paper's claim |",
+              "|---|---|---|---|---|---|"]
     lines += [f"| {r['variant']} | {r['baseline']} | {len(r['seeds'])} | {pm(r['diff_mean'], r['diff_std'], '+.4f')} "
-              f"| {r['claim']} |" for r in rows if r.get("baseline")]
-    best = ",".join(r["variant"] for r in rows)
-    lines += ["", f"More seeds at the best rates: `python reproduce.py --grid=lr --seeds=3 --variants={best}`"]
+              f"| {interval(r['ci95'])} | {r['claim']} |" for r in rows if r.get("baseline")]
+    best, n = ",".join(r["variant"] for r in rows), max((len(r.get("seeds", [])) for r in rows), default=0)
+    lines += ["", f"More seeds at the best rates: `python reproduce.py --grid=lr --seeds={max(3, n + 3)} --variants={best}`"]
     return lines, {"sweep": sweep, "tuned": rows}
 
 

@@ -267,9 +267,12 @@ def test_tuned_rows_pair_each_familys_best_rate_with_the_baselines_best_rate():
     assert [f for f, r in rows.items() if not r["bracketed"]] == ["baseline_muon"]
     assert rows["noscale"]["baseline"] == "baseline_lr2e-3" and rows["unified_muon"]["baseline"] == "baseline_muon_lr4e-3"
     assert rows["noscale"]["seeds"] == [1, 2, 3] and abs(rows["noscale"]["diff_mean"] - 0.006) < 1e-12   # 0.003 s
+    half = 4.303 * 0.003 / 3 ** 0.5   # diffs 0.003, 0.006, 0.009: std 0.003, t(0.975, 2)
+    assert rows["noscale"]["ci95"] == pytest.approx([0.006 - half, 0.006 + half], abs=1e-12)
     assert "baseline" not in rows["baseline"]
     lines, _ = reproduce.lr_report(results)
-    assert "--variants=baseline_lr2e-3,noscale_lr4e-3,unified_lr1e-3,baseline_muon_lr4e-3,unified_muon_lr8e-3" in lines[-1]
+    assert "--seeds=6 --variants=baseline_lr2e-3,noscale_lr4e-3,unified_lr1e-3,baseline_muon_lr4e-3,unified_muon_lr8e-3" in lines[-1]
+    assert "| noscale_lr4e-3 | baseline_lr2e-3 | 3 | +0.0060 ± 0.0030 | [-0.0015, +0.0135] |" in "\n".join(lines)
 
 
 def test_summary_counts_seeds_agreeing_in_sign_and_a_t_interval():
