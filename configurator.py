@@ -155,6 +155,10 @@ TRAIN_RULES = {
     "dtype": one_of("", "float32", "bfloat16"), "mfu_peak_flops": at_least(0),
 }
 
+# sample.py's: temperature 0 is greedy decoding, top_k 0 keeps every token
+SAMPLE_RULES = {"out_dir": TRAIN_RULES["out_dir"], "num_samples": at_least(1), "max_new_tokens": at_least(1),
+                "temperature": at_least(0), "top_k": at_least(0), "device": TRAIN_RULES["device"]}
+
 
 def check_device(device):
     """'' or a device this machine has, else ConfigError: --device=cuda on a machine without CUDA is one sentence."""

@@ -598,10 +598,15 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
-        """Sample max_new_tokens after the prompt idx (B, T), feeding back at most block_size tokens."""
+        """Sample max_new_tokens after the prompt idx (B, T), feeding back at most block_size tokens;
+        temperature 0: greedy, the most likely token each time."""
         for _ in range(max_new_tokens):
             logits, _ = self(idx[:, -self.config.block_size:])
-            logits = logits[:, -1, :] / max(temperature, 1e-6)
+            logits = logits[:, -1, :]
+            if temperature == 0:
+                idx = torch.cat((idx, logits.argmax(-1, keepdim=True)), dim=1)
+                continue
+            logits = logits / temperature
             if top_k is not None:
                 kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
                 logits[logits < kth] = -float("inf")

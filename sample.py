@@ -12,7 +12,7 @@ import sys
 import torch
 
 import checkpoint
-from configurator import ConfigError, check_device, configure
+from configurator import SAMPLE_RULES, ConfigError, check_device, configure
 from model import GPT, GPTConfig, default_device
 from prepare_data import get_tokenizer, load_meta
 
@@ -20,13 +20,13 @@ out_dir = "out"
 start = "\n"            # the prompt, or FILE:path to read it from a file
 num_samples = 3
 max_new_tokens = 500
-temperature = 0.8       # < 1 sharpens the distribution, > 1 flattens it
+temperature = 0.8       # < 1 sharpens the distribution, > 1 flattens it; 0: greedy
 top_k = 200             # keep only the k most likely tokens (0: all)
 seed = 1337
 device = ""             # "" picks cuda, then mps, then cpu
 
 try:
-    globals().update(configure({k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, str))}, sys.argv[1:]))
+    globals().update(configure({k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, str))}, sys.argv[1:], SAMPLE_RULES))
     check_device(device)
     path, ckpt = checkpoint.load_latest(out_dir)
 except (ConfigError, checkpoint.CheckpointError) as e:

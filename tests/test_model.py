@@ -194,6 +194,14 @@ def test_generate_extends_the_prompt_with_valid_ids():
     assert out.shape == (2, 24) and int(out.max()) < TINY["vocab_size"]
 
 
+def test_temperature_zero_is_greedy():
+    model, prompt = make().eval(), tokens(B=2, T=4)
+    out = model.generate(prompt, max_new_tokens=3, temperature=0)
+    for t in range(4, 7):   # each new token is the argmax of the logits of the sequence before it
+        assert torch.equal(out[:, t], model(out[:, :t])[0][:, -1].argmax(-1))
+    assert torch.equal(out, model.generate(prompt, max_new_tokens=3, temperature=0))
+
+
 # ---- init: pinned, keyed on the parameter's role ------------------------------------------------------------------
 
 def test_the_baseline_initial_weights_are_pinned():

@@ -454,6 +454,8 @@ def sample_run(workdir):
     (["--device=cuda"], "no CUDA device"),
     (["--out_dir=out_folder_latest"], "latest cannot be read"),
     ("revocab", "was trained on a vocabulary of 58 tokens, but data/tiny_s/meta.json now has 10"),
+    (["--num_samples=0"], "num_samples=0 is out of range: it must be >= 1"),
+    (["--temperature=-1"], "temperature=-1.0 is out of range: it must be >= 0"),
 ])
 def test_sample_faults_are_one_sentence(sample_run, args, message):
     if args == ["--device=cuda"] and torch.cuda.is_available():
