@@ -174,7 +174,7 @@ def is_node_grid(grids, name):
 def parse_added(spec, grid):
     """--add=NAME:CONFIG[:OVERRIDES[:BASELINE]]: a variant from the command line. OVERRIDES are train.py's
     --key=value, separated by commas or spaces; BASELINE defaults to the grid's `baseline` ("none": unpaired)."""
-    name, config, overrides, baseline = (spec.split(":", 3) + ["", ""])[:4]
+    name, config, overrides, baseline = (spec.split(":", 3) + ["", "", ""])[:4]
     names = {v.name for v in grid}
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name in names:
         raise SystemExit(f"error: --add={spec}: NAME must be new to the grid and made of letters, digits, _ . - "
@@ -625,6 +625,11 @@ def main(argv=None, grids=GRIDS):
     node.add_argument("--rdzv_endpoint", default="", help="host:port: a rendezvous instead of --master_addr")
     node.add_argument("--rdzv_id", default="reproduce")
     a = p.parse_args(argv)
+    for key in ("seeds", "jobs", "max_iters", "nproc_per_node"):
+        if getattr(a, key) < 1:
+            p.error(f"--{key} must be at least 1, not {getattr(a, key)}")
+    if a.tokens is not None and not 0 < a.tokens < float("inf"):
+        p.error(f"--tokens must be a positive number of tokens, not {a.tokens:g}")
     full = grids[a.grid]() if callable(grids[a.grid]) else list(grids[a.grid])
     for spec in a.add:
         full.append(parse_added(spec, full))

@@ -118,7 +118,7 @@ def test_added_variant_from_the_command_line():
                                                                      ["--n_embd=192", "--n_head=6"], "baseline", 0)
     assert reproduce.parse_added("x:config/unified_char.py::none", grid).baseline is None
     assert reproduce.parse_added("y:config/unified_char.py:--lr_schedule=wsd:baseline_wsd", grid).baseline == "baseline_wsd"
-    for bad in ["noscale:config/unified_char.py", "z:config/missing.py", "z:config/unified_char.py:n_embd=3",
+    for bad in ["noscale:config/unified_char.py", "z:config/missing.py", "z:config/unified_char.py:n_embd=3", "z",
                 "z:config/unified_char.py::nobody"]:
         with pytest.raises(SystemExit) as e:
             reproduce.parse_added(bad, grid)
@@ -139,6 +139,15 @@ def test_cpu_dry_run_estimates_each_run_by_its_own_iterations_and_size(tmp_path,
                for v in grid)
     out = capsys.readouterr().out.splitlines()[0]
     assert f"{len(grid)} to do; 66-3952 iterations each; estimate {want / 60:.0f} min with 1 jobs" in out, out
+
+
+@pytest.mark.parametrize("arg", ["--seeds=0", "--jobs=0", "--max_iters=0", "--nproc_per_node=0", "--tokens=-1",
+                                 "--tokens=nan", "--tokens=inf"])
+def test_counts_out_of_range_are_one_usage_error(arg, capsys):
+    with pytest.raises(SystemExit) as e:
+        reproduce.main([arg, "--dry_run"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and ": error: --" + arg[2:].split("=")[0] + " must be " in err[-1], err
 
 
 def test_node_grid_dry_run_sizes_runs_by_tokens_and_estimates_time(tmp_path, monkeypatch, capsys):
