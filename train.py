@@ -95,7 +95,8 @@ else:
     rank, world_size = 0, 1
 master = rank == 0
 if gradient_accumulation_steps % world_size:
-    sys.exit(f"error: gradient_accumulation_steps={gradient_accumulation_steps} is not a multiple of the {world_size} processes")
+    sys.exit(f"error: gradient_accumulation_steps={gradient_accumulation_steps} is not a multiple of the {world_size} processes "
+             "(it counts micro-steps over all of them): set it to a multiple of the process count")
 accum = gradient_accumulation_steps // world_size   # micro-steps per process
 device_type = torch.device(device).type
 dtype = dtype or ("bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32")

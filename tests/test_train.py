@@ -42,6 +42,10 @@ def test_ddp_two_processes_match_one_process_with_accumulation(workdir):
     for k in single:
         assert torch.allclose(single[k], ddp[k], atol=1e-5, rtol=0), k
     assert final_state(workdir, "out_ddp")["iter_num"] == 4
+    p = train(workdir, "--out_dir=out_ddp_odd", "--max_iters=4", "--gradient_accumulation_steps=3", check=False,
+              launcher=(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"))
+    assert p.returncode != 0 and "gradient_accumulation_steps=3 is not a multiple of the 2 processes" in p.stderr, p.stderr
+    assert not (workdir / "out_ddp_odd").exists()   # refused before anything was written
 
 
 @pytest.fixture(scope="module")
