@@ -202,6 +202,22 @@ def write_gpt2_tokenizer(folder, model_max_length):
 
 # ---- the command ------------------------------------------------------------------------------------
 
+EXPORT_FILES = {"model.safetensors", "config.json", "vocab.json", "merges.txt", "tokenizer_config.json"}
+
+
+def check_target(folder):
+    """--to may name a new folder or an earlier export, which save() replaces whole; never anything else (a run's
+    out_dir, a home directory): ConfigError naming what is there."""
+    if not os.path.exists(folder):
+        return
+    if not os.path.isdir(folder):
+        raise ConfigError(f"--to={folder} is a file: give a folder for the export")
+    other = sorted(set(os.listdir(folder)) - EXPORT_FILES)
+    if other:
+        raise ConfigError(f"--to={folder} exists and holds {len(other)} file(s) an export does not write (e.g. {other[0]}), "
+                          "and an export replaces its folder whole: give a new folder")
+
+
 def save(config, state, folder, tokenizer=None, block_size=1024):
     """Write the export into `folder`, replacing it whole: files go to a sibling temporary folder first,
     so an interrupted export never leaves a half-written one (nor destroys the previous one before)."""
@@ -254,6 +270,7 @@ def main(argv):
         args = configure(defaults, argv)
         if not args["to"]:
             raise ConfigError("say where to write the export: --to=hf/<name>")
+        check_target(args["to"])
         path, ckpt = checkpoint.load_latest(args["out_dir"])
     except (ConfigError, checkpoint.CheckpointError) as e:
         sys.exit(f"error: {e}")

@@ -147,7 +147,7 @@ def test_command_exports_the_newest_checkpoint_with_its_tokenizer(tmp_path, monk
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     model = write_run(tmp_path, GPTConfig(**{**TINY, "vocab_size": 50257, "n_embd": 32}, sv_hetero=True), "web", "gpt2")
     (tmp_path / "hf" / "run").mkdir(parents=True)
-    (tmp_path / "hf" / "run" / "stale.txt").write_text("from an earlier export")   # the folder is replaced whole
+    (tmp_path / "hf" / "run" / "model.safetensors").write_text("an earlier export")   # replaced whole
     export_hf.main(["--out_dir=out", "--to=hf/run"])
     printed = capsys.readouterr().out
     assert "ckpt_0000007.pt" in printed and "50257 of 50304 vocabulary rows" in printed and "verify: max |logit difference|" in printed
@@ -168,3 +168,18 @@ def test_command_refuses_with_one_sentence(tmp_path, monkeypatch):
     assert not os.path.exists("hf/run")
     with pytest.raises(SystemExit, match="--to=hf/<name>"):
         export_hf.main(["--out_dir=out"])
+
+
+def test_command_never_replaces_a_folder_that_is_not_an_export(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_run(tmp_path, GPTConfig(**TINY), "tiny", "char")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "README.md").write_text("mine")
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    for to, why in (("out", "exists and holds 2 file(s) an export does not write (e.g. ckpt_0000007.pt)"),   # the run itself
+                    ("notes", "exists and holds 1 file(s) an export does not write (e.g. README.md)"), ("out/latest", "is a file")):
+        with pytest.raises(SystemExit) as e:
+            export_hf.main(["--out_dir=out", f"--to={to}"])
+        assert str(e.value) == f"error: --to={to} {why}" + (
+            ", and an export replaces its folder whole: give a new folder" if why != "is a file" else ": give a folder for the export")
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
