@@ -137,12 +137,13 @@ def one_of(*values):
 
 
 DEVICE = re.compile(r"(cpu|cuda(:\d+)?|mps)?")
+DATASET = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")   # one folder under data/: no "..", no "/"
 
 TRAIN_RULES = {
     "out_dir": (lambda v: v.strip() != "", "a folder name"),
     "init_from": one_of("scratch", "resume"),
     "eval_interval": at_least(1), "eval_iters": at_least(1), "log_interval": at_least(1), "keep_checkpoints": at_least(1),
-    "dataset": (lambda v: v.strip() != "", "a folder name under data/"),
+    "dataset": (lambda v: DATASET.fullmatch(v) is not None, "one folder name under data/ (letters, digits, _ . -)"),
     "batch_size": at_least(1), "gradient_accumulation_steps": at_least(1),
     "block_size": at_least(1), "vocab_pad": at_least(1), "n_layer": at_least(1), "n_head": at_least(1), "n_embd": at_least(1),
     "optimizer": one_of("adamw", "muon"),

@@ -346,6 +346,13 @@ def prepare_fineweb(out_dir, name, num_tokens, val_tokens=None, processes=None, 
 
 # -----------------------------------------------------------------------------
 
+def dataset_name(name):
+    """--name: the folder under data/ that train.py's --dataset names (configurator.DATASET)."""
+    from configurator import DATASET
+    if DATASET.fullmatch(name) is None:
+        raise argparse.ArgumentTypeError(f"{name!r} is not one folder name (letters, digits, _ . -; no '/' or '..')")
+    return name
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
@@ -355,14 +362,14 @@ def main(argv=None):
         s.add_argument("--out_dir", help="default: data/<name>")
         s.add_argument("--val_fraction", type=float, default=0.1, help="last part of the text kept for val")
     sub.choices["text"].add_argument("--input", required=True)
-    sub.choices["text"].add_argument("--name", required=True)
+    sub.choices["text"].add_argument("--name", required=True, type=dataset_name)
     sub.choices["text"].add_argument("--tokenizer", choices=["gpt2", "char"], default="gpt2")
     f = sub.add_parser("fineweb_edu", help="a FineWeb-Edu sample (needs `datasets`; network unless --data_files)")
     f.add_argument("--data_files", help="a glob of local .parquet or .jsonl files (quoted) instead of the hub")
     f.add_argument("--text_field", default="text", help="the column of the documents' text (with --data_files)")
     f.add_argument("--num_tokens", type=lambda s: int(float(s)), default=10**9, help="train + val tokens")
     f.add_argument("--val_tokens", type=lambda s: int(float(s)), help="first tokens kept for val (default 0.5%%)")
-    f.add_argument("--name", default="fineweb_edu")
+    f.add_argument("--name", default="fineweb_edu", type=dataset_name)
     f.add_argument("--out_dir", help="default: data/<name>")
     f.add_argument("--num_proc", "--processes", dest="processes", type=int, help="tokenizer processes (default: all cores)")
     args = p.parse_args(argv)

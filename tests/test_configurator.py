@@ -217,7 +217,7 @@ def test_every_rule_names_a_train_key_and_the_defaults_pass():
     assert set(TRAIN_RULES) <= set(TRAIN)
     assert configure(TRAIN, [], TRAIN_RULES) == TRAIN
     for good in ("--max_iters=0", "--grad_clip=0", "--weight_decay=0", "--device=cuda:1", "--device=cpu",
-                 "--wsd_decay_frac=1", "--learning_rate=1e30", "--muon_lr=0.02"):
+                 "--wsd_decay_frac=1", "--learning_rate=1e30", "--muon_lr=0.02", "--dataset=web-v2.1"):
         configure(TRAIN, [good], TRAIN_RULES)
     ok = TRAIN_RULES["learning_rate"][0]   # a config file can set these; --key=value cannot
     assert not ok(float("nan")) and not ok(float("inf"))
@@ -228,7 +228,7 @@ def test_every_rule_names_a_train_key_and_the_defaults_pass():
                                  "--grad_clip=-1", "--gradient_accumulation_steps=0", "--eval_iters=0", "--device=tpu",
                                  "--device=cuda0", "--muon_lr=-1", "--min_lr=-1", "--keep_checkpoints=0",
                                  "--init_from=resum", "--dtype=float16", "--optimizer=sgd", "--out_dir=",
-                                 "--n_head=0", "--warmup_iters=-1", "--max_iters=-1"])
+                                 "--n_head=0", "--warmup_iters=-1", "--max_iters=-1", "--dataset=..", "--dataset=a/b"])
 def test_a_value_out_of_range_is_one_sentence_naming_key_value_and_range(arg):
     key, _, raw = arg[2:].partition("=")
     with pytest.raises(ConfigError) as e:

@@ -1,5 +1,6 @@
 import hashlib
 import json
+import os
 import random
 import subprocess
 import sys
@@ -349,3 +350,13 @@ def test_fineweb_local_shards_errors_are_one_line(tmp_path):
         prepare_data.main(["fineweb_edu", "--data_files", str(tmp_path / "shards" / "*.jsonl"), "--text_field", "body",
                            "--num_proc", "1", "--out_dir", str(tmp_path / "fw")])
     assert "no 'body' field" in error_of(e) and "--text_field" in error_of(e)
+
+
+@pytest.mark.parametrize("name", ["..", "a/b", "", ".hidden"])
+def test_a_name_that_is_not_one_folder_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys, name):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.txt").write_text("some text to prepare, long enough for both splits " * 4)
+    with pytest.raises(SystemExit) as e:
+        prepare_data.main(["text", "--input", "in.txt", "--name", name])
+    assert e.value.code == 2 and "is not one folder name" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["in.txt"]
