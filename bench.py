@@ -34,7 +34,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from configurator import ConfigError, configure
+from configurator import TRAIN_RULES, ConfigError, at_least, configure, one_of
 from model import GPT, GPTConfig, default_device, peak_flops
 
 
@@ -66,6 +66,11 @@ defaults = {**train_config_defaults(),
 # train.py keys that a benchmark step uses; it times one micro-step of fused AdamW on random tokens, so the
 # others (optimizer, gradient_accumulation_steps, learning rate, schedule...) would be silently ignored
 HONOURED = {f.name for f in fields(GPTConfig)} | {"batch_size", "device", "dtype", "compile", "dataset", "mfu_peak_flops"}
+
+
+# the values a benchmark accepts: train.py's rules for the keys it uses, and its own
+BENCH_RULES = {**{k: v for k, v in TRAIN_RULES.items() if k in HONOURED}, "steps": at_least(1), "warmup": at_least(0),
+               "rounds": at_least(1), "arch": one_of("llama", "gpt2")}
 
 
 def refuse_ignored(argv):
@@ -185,7 +190,7 @@ def interleave(runs, cfg):
     CUDA only: "step mem", the peak during a step of that configuration above what was allocated before it
     (its activations, gradients and optimizer temporaries; all models' weights stay resident, so the process's
     peak is not any one model's: compare() without --interleave gives that)."""
-    built = {name: build(configure(defaults, args)) for name, args in runs.items()}
+    built = {name: build(configure(defaults, args, BENCH_RULES)) for name, args in runs.items()}
     for _, step, _ in built.values():
         for _ in range(cfg["warmup"]):
             step()
@@ -239,7 +244,7 @@ if __name__ == "__main__":
     argv = sys.argv[1:]
     try:
         refuse_ignored(argv)
-        cfg = configure(defaults, argv)
+        cfg = configure(defaults, argv, BENCH_RULES)
     except ConfigError as e:
         sys.exit(f"error: {e}")
     if cfg["compare"]:

@@ -68,6 +68,14 @@ def test_bench_keys_are_train_config_keys_and_ignored_ones_are_refused():
     bench_py.refuse_ignored(["config/baseline_124m.py", "--batch_size=2", "--sv_hetero=True", "--optimizer=adamw"])
 
 
+@pytest.mark.parametrize("arg", ["--steps=0", "--rounds=0", "--warmup=-1", "--batch_size=0", "--arch=gpt3"])
+def test_bench_values_out_of_range_are_refused(arg):
+    key = arg[2:].split("=")[0]
+    with pytest.raises(ConfigError, match=f"^{key}=.* is out of range"):
+        bench_py.configure(bench_py.defaults, [arg], bench_py.BENCH_RULES)
+    assert bench_py.configure(bench_py.defaults, [], bench_py.BENCH_RULES) == bench_py.defaults
+
+
 @pytest.mark.slow   # a subprocess
 def test_gpu_check_without_cuda_says_so_in_one_line():
     if gpu_check_has_cuda():
