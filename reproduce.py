@@ -253,7 +253,10 @@ def local_estimate(v, iters, extra):
     """Seconds for one CPU run: MS_PER_ITER scaled by the run's FLOPs per token against the default size (a
     floor of a quarter: at the smallest sizes Python's overhead, not arithmetic, sets the pace)."""
     char = functools.partial(flops_per_token, vocab_size=65)   # CPU grids train on Tiny Shakespeare's 65 characters
-    scale = char(v.config, tuple(v.overrides + extra)) / char("config/baseline_char.py")
+    try:
+        scale = char(v.config, tuple(v.overrides + extra)) / char("config/baseline_char.py")
+    except (ValueError, TypeError):   # a model the config cannot build: its run will say why
+        scale = 1.0
     return OVERHEAD_S + iters * MS_PER_ITER / 1000 * max(0.25, scale)
 
 
@@ -340,7 +343,18 @@ def run_one(v, seed, args_list, out_dir, env, torchrun=None):
             "train_loss": evals[-1]["train_loss"], "curve": [[r["iter"], r["val_loss"]] for r in evals], "wall_s": wall,
             "scale_vectors": evals[-1].get("scale_vectors", {}),
             "sv_means": {n: [r["scale_vectors"][n][0] for r in evals if n in r.get("scale_vectors", {})] for n in names},
-            **({"resumed": True} if resume else {})}
+            "code": code_version(), **({"resumed": True} if resume else {})}
+
+
+@functools.lru_cache(maxsize=None)
+def code_version():
+    """The commit the runs' code comes from ("-dirty" with local edits), so that a result says what made it;
+    None outside a git checkout."""
+    try:
+        return subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def collect(out, grid, args_for, seeds=None):
@@ -594,6 +608,24 @@ def conflicts(jobs):
     return out
 
 
+def plan(a, jobs, todo, node, extra, tokens):
+    """The grid's first line: runs done and to do, and how long those to do should take."""
+    line = (f"grid {a.grid}: {len({j[0].name for j in jobs})} variants x {a.seeds} seeds = {len(jobs)} runs, "
+            f"{len(jobs) - len(todo)} done, {len(todo)} to do")
+    if not todo:
+        return line
+    if node:
+        sized = [(j[0], node_sizing(j[0].config, tuple(j[0].overrides + extra), tokens)[1]) for j in todo]
+        gpus = a.nproc_per_node * (int(a.nnodes) if a.nnodes.isdigit() else 1)
+        secs, how = node_estimate(sized, a.tokens_per_s, gpus, extra)
+        return (f"{line}; {sum(n for _, n in sized) / 1e9:.2f}B tokens to train, one run at a time on {gpus} GPUs; "
+                f"estimate {secs / 3600:.1f} h ({how})")
+    iters = [int(next(x for x in j[2] if x.startswith("--max_iters=")).split("=")[1]) for j in todo]
+    secs = sum(local_estimate(j[0], n, extra) for j, n in zip(todo, iters)) / max(1, min(a.jobs, os.cpu_count() or 1))
+    span = f"{min(iters)}-{max(iters)}" if min(iters) < max(iters) else str(iters[0])
+    return f"{line}; {span} iterations each; estimate {secs / 60:.0f} min with {a.jobs} jobs"
+
+
 def main(argv=None, grids=GRIDS):
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     p.add_argument("--grid", default="default", choices=sorted(grids))
@@ -664,19 +696,7 @@ def main(argv=None, grids=GRIDS):
                          f"has {shlex.join(was) or 'fewer arguments'} where this has {shlex.join(now) or 'none'}): write to another folder with --results_dir=DIR, or pass --replace to run "
                          "them again over the old ones")
     todo = [j for j in jobs if not j[4]]
-    print(f"grid {a.grid}: {len({j[0].name for j in jobs})} variants x {a.seeds} seeds = {len(jobs)} runs, "
-          f"{len(jobs) - len(todo)} done, {len(todo)} to do", end="")
-    if node:
-        sized = [(j[0], node_sizing(j[0].config, tuple(j[0].overrides + extra), tokens)[1]) for j in todo]
-        gpus = a.nproc_per_node * (int(a.nnodes) if a.nnodes.isdigit() else 1)
-        secs, how = node_estimate(sized, a.tokens_per_s, gpus, extra) if todo else (0, "")
-        print(f"; {sum(n for _, n in sized) / 1e9:.2f}B tokens to train, one run at a time on {gpus} GPUs; "
-              f"estimate {secs / 3600:.1f} h ({how})" if todo else "")
-    else:
-        iters = [int(next(x for x in j[2] if x.startswith("--max_iters=")).split("=")[1]) for j in todo]
-        secs = sum(local_estimate(j[0], n, extra) for j, n in zip(todo, iters)) / max(1, min(a.jobs, os.cpu_count() or 1))
-        span = f"{min(iters)}-{max(iters)}" if todo and min(iters) < max(iters) else f"{iters[0]}" if todo else ""
-        print(f"; {span} iterations each; estimate {secs / 60:.0f} min with {a.jobs} jobs" if todo else "")
+    print(plan(a, jobs, todo, node, extra, tokens))
     if a.dry_run:
         for v, seed, args_list, run_dir, done in jobs:
             launch = ["python", "train.py"] if torchrun is None else ["torchrun", *torchrun, "train.py"]

@@ -51,6 +51,10 @@ def test_tiny_grid_summary_matches_metrics_failures_rerun_and_restart_trains_not
     assert os.path.getmtime(runs["base", 1] / "metrics.jsonl") == base_mtime
 
     val = {k: final_val(d / "metrics.jsonl") for k, d in runs.items()}
+    head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    with open(runs["base", 1] / "result.json") as f:   # what code made the result: this checkout's commit
+        code = json.load(f)["code"]
+    assert code.startswith(head) if head else code is None, code
     with open(workdir / "res" / "summary.json") as f:
         rows = {r["variant"]: r for r in json.load(f)["rows"]}
     for v in ("base", "hg"):
