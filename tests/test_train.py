@@ -30,6 +30,9 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(workdir):
     assert [r["loss"] for r in resumed] == [r["loss"] for r in full]   # bit for bit
     a, b = final_state(workdir, "out_full")["model"], final_state(workdir, "out_resumed")["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
+    again = train(workdir, "--out_dir=out_resumed", "--max_iters=12", "--init_from=resume", *common)   # a requeue
+    assert "is at iteration 12 and max_iters=12: nothing to train" in again.stdout, again.stdout
+    assert records(workdir, "out_resumed", "train") == resumed
 
 
 @pytest.mark.slow
