@@ -260,8 +260,8 @@ def tokenizer_of(ckpt):
     path = os.path.join("data", str(dataset), "meta.json")
     if not dataset or not os.path.isfile(path):
         return None
-    with open(path) as f:
-        return json.load(f).get("tokenizer")
+    from prepare_data import load_meta   # a corrupt meta.json is one sentence there
+    return load_meta(os.path.dirname(path))["tokenizer"]
 
 
 def main(argv):

@@ -67,7 +67,14 @@ def load_meta(data_dir):
         name = Path(data_dir).name
         cmd = name if name in ("shakespeare_char", "shakespeare", "fineweb_edu") else f"text --input FILE --name {name}"
         raise SystemExit(f"error: no prepared data in {data_dir} (meta.json missing): run `python prepare_data.py {cmd}` first")
-    return json.loads(path.read_text())
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:   # JSONDecodeError is a ValueError
+        raise SystemExit(f"error: {path} is not valid JSON ({e}): prepare the dataset again") from None
+    missing = [k for k in ("tokenizer", "vocab_size") if not isinstance(meta, dict) or k not in meta]
+    if missing:
+        raise SystemExit(f"error: {path} lacks {', '.join(missing)}: prepare the dataset again")
+    return meta
 
 def get_tokenizer(meta):
     """(encode, decode) for the tokenizer a meta.json names."""

@@ -123,6 +123,9 @@ def check_split(split):
     path = os.path.join(data_dir, f"{split}.bin")
     if not os.path.isfile(path) or os.path.getsize(path) == 0:
         sys.exit(f"error: {path} is {'empty' if os.path.isfile(path) else 'missing'}: prepare the dataset again (python prepare_data.py ...)")
+    if os.path.getsize(path) % 2:   # uint16 tokens: two bytes each
+        sys.exit(f"error: {path} has an odd number of bytes ({os.path.getsize(path):,}): it is cut short or not uint16 "
+                 "tokens; prepare the dataset again")
     data = split_tokens(split)
     if len(data) <= block_size + 1:
         sys.exit(f"error: {path} has {len(data)} tokens, not more than block_size={block_size} + 1: "

@@ -238,14 +238,20 @@ def test_a_diverging_loss_stops_and_keeps_the_last_good_checkpoint(workdir, two_
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fault,message", [("vocab", "beyond vocab_size"), ("no_meta", "meta.json missing"),
-                                           ("no_bin", "val.bin is missing")])
+                                           ("no_bin", "val.bin is missing"), ("torn_bin", "train.bin has an odd number of bytes"),
+                                           ("bad_json", "meta.json is not valid JSON"), ("no_vocab", "meta.json lacks vocab_size")])
 def test_bad_data_says_what_to_run(workdir, fault, message):
     bad = workdir / "data" / f"bad_{fault}"
     shutil.rmtree(bad, ignore_errors=True)
     shutil.copytree(workdir / "data" / "tiny", bad)
-    if fault == "vocab":
-        meta = json.loads((bad / "meta.json").read_text())
-        (bad / "meta.json").write_text(json.dumps({**meta, "vocab_size": 10}))
+    meta = json.loads((bad / "meta.json").read_text())
+    if fault in ("vocab", "no_vocab"):
+        (bad / "meta.json").write_text(json.dumps({**meta, "vocab_size": 10} if fault == "vocab" else
+                                                  {k: v for k, v in meta.items() if k != "vocab_size"}))
+    elif fault == "torn_bin":   # a copy cut short mid-token
+        (bad / "train.bin").write_bytes((bad / "train.bin").read_bytes()[:-1])
+    elif fault == "bad_json":
+        (bad / "meta.json").write_text('{"tokenizer": "char", ')
     else:
         os.remove(bad / ("meta.json" if fault == "no_meta" else "val.bin"))
     p = train(workdir, f"--dataset=bad_{fault}", "--out_dir=out_bad", "--max_iters=2", check=False)
