@@ -574,9 +574,44 @@ def lr_report(results):
     return lines, {"sweep": sweep, "tuned": rows}
 
 
+# The extra parameters of HG and of each width of DNP's g_out (sv_dnp_width), as fractions of the baseline's
+# (the paper: "at most 7.85e-5"), at GPT-2 small's shape and two larger ones; counted on the meta device
+OVERHEAD_SHAPES = {"124M (12 x 768)": {}, "0.5B-like (24 x 1280)": dict(n_layer=24, n_head=20, n_embd=1280),
+                   "1B-like (16 x 2048)": dict(n_layer=16, n_head=32, n_embd=2048)}
+UNIFIED_FLAGS = dict(sv_hetero=True, sv_placement="dnp", sv_reparam="or")
+OVERHEAD_FLAGS = {"HG": dict(sv_hetero=True), "DNP, full": dict(sv_placement="dnp"),
+                  "DNP, head": dict(sv_placement="dnp", sv_dnp_width="head"), "unified, full": UNIFIED_FLAGS,
+                  "unified, head": dict(UNIFIED_FLAGS, sv_dnp_width="head")}
+
+
+def param_overheads():
+    """{shape: {"baseline": parameters, variant: (its parameters - the baseline's) / the baseline's}}."""
+    import torch
+    from model import GPT, GPTConfig
+
+    def count(**flags):
+        with torch.device("meta"):   # sizes only: no memory, no initialization
+            return sum(p.numel() for p in GPT(GPTConfig(**flags)).parameters())
+    table = {}
+    for shape, dims in OVERHEAD_SHAPES.items():
+        base = count(**dims)
+        table[shape] = {"baseline": base, **{k: (count(**dims, **f) - base) / base for k, f in OVERHEAD_FLAGS.items()}}
+    return table
+
+
+def overhead_lines(table):
+    return ["", "### Extra parameters: HG and the width of DNP's g_out", "",
+            "Fractions of the baseline's parameters (the paper: \"at most 7.85e-5\"); `sv_dnp_width`: \"full\", the map's "
+            "output width, or \"head\", one head-sized vector per q, k, v and a scalar per gate, up (DESIGN.md).", "",
+            "| shape (layers x width) | baseline | " + " | ".join(OVERHEAD_FLAGS) + " |", "|---" * (len(OVERHEAD_FLAGS) + 2) + "|",
+            *[f"| {shape} | {row['baseline'] / 1e6:.0f}M | " + " | ".join(f"{row[k]:.2e}" for k in OVERHEAD_FLAGS) + " |"
+              for shape, row in table.items()]]
+
+
 def scaling_report(results):
     rows, fits = scaling_rows(results)
-    return scaling_lines(rows), {"rows": rows, "fits": fits}
+    overheads = param_overheads()
+    return scaling_lines(rows) + overhead_lines(overheads), {"rows": rows, "fits": fits, "overheads": overheads}
 
 
 # grids with more to say than the paired table: (markdown lines, data for summary.json and the plots)

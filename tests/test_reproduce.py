@@ -319,3 +319,17 @@ def test_summary_only_rewrites_the_committed_summary_from_its_results_and_runs_n
     for v, r in old.items():   # seeds 1-3 are committed for every variant: the same means over them
         if r.get("diff_mean") is not None and len(new[v]["paired_seeds"]) == 3:
             assert abs(new[v]["diff_mean"] - r["diff_mean"]) < 1e-12, v
+
+
+def test_param_overheads_count_the_vectors_each_reading_adds(monkeypatch):
+    L, d, H = 2, 64, 4
+    monkeypatch.setattr(reproduce, "OVERHEAD_SHAPES", {"tiny": dict(n_layer=L, n_head=H, n_embd=d, vocab_size=100)})
+    row = reproduce.param_overheads()["tiny"]
+    h = 32 * -(-8 * d // 3 // 32)   # SwiGLU's hidden width, 8/3 d rounded up to 32
+    extra = {k: round(row[k] * row["baseline"]) for k in reproduce.OVERHEAD_FLAGS}
+    assert extra["HG"] == L * 3 * d                     # g_q, g_k, g_v and g_gate, g_up for g_attn and g_ffn
+    assert extra["DNP, full"] == L * (3 * d + 2 * h)    # g_out over every output of q, k, v, gate, up
+    assert extra["DNP, head"] == L * (3 * d // H + 2)   # one head-sized vector per q, k, v; a scalar per gate, up
+    assert extra["unified, head"] < extra["unified, full"] and extra["DNP, head"] < extra["HG"]
+    lines = reproduce.overhead_lines(reproduce.param_overheads())
+    assert lines[-1].startswith("| tiny | ") and f"{row['HG']:.2e}" in lines[-1]
