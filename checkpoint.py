@@ -1,5 +1,5 @@
 """
-Crash-safe checkpoints and the run folder (out_dir), shared by train.py and sample.py.
+Crash-safe checkpoints and the run folder (out_dir), shared by train.py, sample.py and export_hf.py.
 
 A checkpoint is written to a temporary file in the same folder, flushed and
 fsynced, then renamed over its final name (a rename is atomic on POSIX), and only
@@ -17,6 +17,8 @@ import os
 import re
 
 import torch
+
+from model import GPT, GPTConfig
 
 # the keys train.py writes: a file without them is not a checkpoint of this project
 REQUIRED_KEYS = ("model", "optimizers", "model_args", "config", "iter_num", "best_val_loss")
@@ -172,6 +174,18 @@ def restore_model(model, state, path):
         raise CheckpointError(f"checkpoint {path} does not fit this model ({shown}): it was written by another "
                               "config or another version of model.py; use that code, or train into a new out_dir")
     model.load_state_dict(state)
+
+
+def load_model(out_dir):
+    """(path, state, model) for sample.py and export_hf.py: out_dir's newest checkpoint, its weights in a GPT
+    built from its own model_args; one CheckpointError for whatever does not fit."""
+    path, state = load_latest(out_dir)
+    try:
+        model = GPT(GPTConfig(**state["model_args"]))
+    except (TypeError, ValueError) as e:   # model_args of another version of model.py
+        raise CheckpointError(f"checkpoint {path} was written by another version of model.py ({e})") from None
+    restore_model(model, state["model"], path)
+    return path, state, model
 
 
 # ---- the run folder ----------------------------------------------------------------------------------

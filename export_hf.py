@@ -34,7 +34,7 @@ import torch
 
 import checkpoint
 from configurator import ConfigError, configure
-from model import GPT, GPTConfig
+from model import GPT
 
 out_dir = "out"         # the run: its newest complete checkpoint is exported
 to = ""                 # the folder to write (replaced as a whole if it exists)
@@ -271,17 +271,9 @@ def main(argv):
         if not args["to"]:
             raise ConfigError("say where to write the export: --to=hf/<name>")
         check_target(args["to"])
-        path, ckpt = checkpoint.load_latest(args["out_dir"])
-    except (ConfigError, checkpoint.CheckpointError) as e:
-        sys.exit(f"error: {e}")
-    try:
-        model = GPT(GPTConfig(**ckpt["model_args"]))
-    except (TypeError, ValueError) as e:   # model_args of another version of model.py
-        sys.exit(f"error: checkpoint {path} was written by another version of model.py ({e})")
-    try:
-        checkpoint.restore_model(model, ckpt["model"], path)
+        path, ckpt, model = checkpoint.load_model(args["out_dir"])
         config, state = hf_export(model.eval())
-    except (checkpoint.CheckpointError, ExportError) as e:
+    except (ConfigError, checkpoint.CheckpointError, ExportError) as e:
         sys.exit(f"error: {e}")
     try:
         import safetensors  # noqa: F401

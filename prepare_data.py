@@ -32,6 +32,8 @@ from pathlib import Path
 import numpy as np
 import tiktoken
 
+from configurator import DATASET
+
 ROOT = Path(__file__).parent
 SHAKESPEARE = ROOT / "data/raw/tinyshakespeare.txt"
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
@@ -355,7 +357,6 @@ def prepare_fineweb(out_dir, name, num_tokens, val_tokens=None, processes=None, 
 
 def dataset_name(name):
     """--name: the folder under data/ that train.py's --dataset names (configurator.DATASET)."""
-    from configurator import DATASET
     if DATASET.fullmatch(name) is None:
         raise argparse.ArgumentTypeError(f"{name!r} is not one folder name (letters, digits, _ . -; no '/' or '..')")
     return name

@@ -237,15 +237,20 @@ def node_sizing(config, overrides=(), tokens=None):
 ASSUMED_MFU = 0.40
 
 
+def meta_gpt(**fields):
+    """A GPT of GPTConfig(**fields) on the meta device: sizes only, no memory and no initialization."""
+    import torch
+    from model import GPT, GPTConfig   # here: a dry run or a summary of results need not import torch
+    with torch.device("meta"):
+        return GPT(GPTConfig(**fields))
+
+
 @functools.lru_cache(maxsize=None)
 def flops_per_token(config, overrides=(), vocab_size=50257):
-    import torch
     from dataclasses import fields
-    from model import GPT, GPTConfig
+    from model import GPTConfig
     cfg = train_config(config, overrides)
-    with torch.device("meta"):   # sizes only: no memory, no initialization
-        model = GPT(GPTConfig(**{f.name: cfg[f.name] for f in fields(GPTConfig) if f.name != "vocab_size"},
-                              vocab_size=vocab_size))
+    model = meta_gpt(**{f.name: cfg[f.name] for f in fields(GPTConfig) if f.name != "vocab_size"}, vocab_size=vocab_size)
     return model.flops_per_token()
 
 
@@ -497,10 +502,8 @@ def budget_needed(fit, loss):
 
 
 def non_embedding_params(n_layer, n_embd):
-    import torch
-    from model import GPT, GPTConfig   # the char recipe's other sizes (block 64, 65 characters)
-    with torch.device("meta"):
-        m = GPT(GPTConfig(block_size=64, vocab_size=65, vocab_pad=1, n_layer=n_layer, n_head=n_embd // 32, n_embd=n_embd))
+    # the char recipe's other sizes (block 64, 65 characters)
+    m = meta_gpt(block_size=64, vocab_size=65, vocab_pad=1, n_layer=n_layer, n_head=n_embd // 32, n_embd=n_embd)
     return m.num_params() - m.wte.weight.numel()
 
 
@@ -586,16 +589,11 @@ OVERHEAD_FLAGS = {"HG": dict(sv_hetero=True), "DNP, full": dict(sv_placement="dn
 
 def param_overheads():
     """{shape: {"baseline": parameters, variant: (its parameters - the baseline's) / the baseline's}}."""
-    import torch
-    from model import GPT, GPTConfig
-
-    def count(**flags):
-        with torch.device("meta"):   # sizes only: no memory, no initialization
-            return sum(p.numel() for p in GPT(GPTConfig(**flags)).parameters())
     table = {}
     for shape, dims in OVERHEAD_SHAPES.items():
-        base = count(**dims)
-        table[shape] = {"baseline": base, **{k: (count(**dims, **f) - base) / base for k, f in OVERHEAD_FLAGS.items()}}
+        base = meta_gpt(**dims).num_params()
+        table[shape] = {"baseline": base, **{k: (meta_gpt(**dims, **f).num_params() - base) / base
+                                             for k, f in OVERHEAD_FLAGS.items()}}
     return table
 
 

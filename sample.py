@@ -13,7 +13,7 @@ import torch
 
 import checkpoint
 from configurator import SAMPLE_RULES, ConfigError, check_device, configure
-from model import GPT, GPTConfig, default_device
+from model import default_device
 from prepare_data import get_tokenizer, load_meta
 
 out_dir = "out"
@@ -28,17 +28,12 @@ device = ""             # "" picks cuda, then mps, then cpu
 try:
     globals().update(configure({k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, str))}, sys.argv[1:], SAMPLE_RULES))
     check_device(device)
-    path, ckpt = checkpoint.load_latest(out_dir)
-except (ConfigError, checkpoint.CheckpointError) as e:
+except ConfigError as e:
     sys.exit(f"error: {e}")
 device = device or default_device()
 torch.manual_seed(seed)
-
 try:
-    model = GPT(GPTConfig(**ckpt["model_args"]))
-    checkpoint.restore_model(model, ckpt["model"], path)
-except (TypeError, ValueError) as e:   # model_args of another version of model.py
-    sys.exit(f"error: checkpoint {path} was written by another version of model.py ({e})")
+    path, ckpt, model = checkpoint.load_model(out_dir)
 except checkpoint.CheckpointError as e:
     sys.exit(f"error: {e}")
 model.eval().to(device)

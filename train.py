@@ -191,6 +191,8 @@ if init_from == "resume":
     iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
     if master:
         print(f"resuming from {ckpt_path} at iteration {iter_num}")
+        if iter_num >= max_iters:   # e.g. a requeued job whose run had finished
+            print(f"{ckpt_path} is at iteration {iter_num} and max_iters={max_iters}: nothing to train (raise --max_iters to go on)")
         # the command line wins on resume (learning rate, max_iters, batch); a new global batch is legal but worth a line
         old = ckpt["config"]
         old_tokens = old.get("gradient_accumulation_steps", 0) * old.get("batch_size", 0) * old.get("block_size", 0)
@@ -361,8 +363,6 @@ peak = mfu_peak_flops or peak_flops(torch.device(device), torch.bfloat16 if dtyp
 start_iter, last_ckpt = iter_num, (ckpt_path if init_from == "resume" else None)
 step_loss = torch.zeros((), device=device)   # the last step's loss, checked before every save
 t0, timed_steps = time.perf_counter(), 0
-if master and init_from == "resume" and iter_num >= max_iters:   # e.g. a requeued job whose run had finished
-    print(f"{ckpt_path} is at iteration {iter_num} and max_iters={max_iters}: nothing to train (raise --max_iters to go on)")
 while True:
     if (iter_num % eval_interval == 0 or iter_num == max_iters) and not (iter_num == start_iter and start_iter > 0):
         losses = evaluate()
