@@ -391,6 +391,12 @@ def mean_std(xs):
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
 
 
+def paired_diffs(res, base):
+    """(seeds both have, variant minus baseline val loss seed by seed) for two {seed: result} dicts."""
+    seeds = sorted(set(res) & set(base))
+    return seeds, [res[s]["val_loss"] - base[s]["val_loss"] for s in seeds]
+
+
 def ci95(diffs):
     """95% t-interval [lo, hi] of the mean of paired differences; None under 2 of them."""
     mean, std = mean_std(diffs)
@@ -409,8 +415,7 @@ def summarize(grid, results):
                "claim": v.claim, "expected_sign": v.sign, "seeds": sorted(res)}
         if v.baseline:
             base = results.get(v.baseline, {})
-            seeds = sorted(set(res) & set(base))
-            diffs = [res[s]["val_loss"] - base[s]["val_loss"] for s in seeds]
+            seeds, diffs = paired_diffs(res, base)
             d_mean, d_std = mean_std(diffs)
             row.update(paired_seeds=seeds, diff_mean=d_mean, diff_std=d_std, ci95=ci95(diffs),
                        agree=int(sum(np.sign(d) == v.sign for d in diffs)) if v.sign else None,
@@ -474,9 +479,7 @@ def tuned_rows(grid, results):
         v = by_name[r["variant"]]
         base = rows.get(v.baseline.rsplit("_lr", 1)[0]) if v.baseline else None
         if base:
-            res, bres = results[r["variant"]], results[base["variant"]]
-            seeds = sorted(set(res) & set(bres))
-            diffs = [res[s]["val_loss"] - bres[s]["val_loss"] for s in seeds]
+            seeds, diffs = paired_diffs(results[r["variant"]], results[base["variant"]])
             r.update(baseline=base["variant"], seeds=seeds, claim=v.claim, ci95=ci95(diffs),
                      **dict(zip(("diff_mean", "diff_std"), mean_std(diffs))))
     return list(rows.values())
