@@ -34,7 +34,7 @@ import torch
 
 import checkpoint
 from configurator import ConfigError, configure
-from model import GPT
+from model import GPT, PLACEMENTS
 
 out_dir = "out"         # the run: its newest complete checkpoint is exported
 to = ""                 # the folder to write (replaced as a whole if it exists)
@@ -62,8 +62,8 @@ class ExportError(ValueError):
 def check_exportable(cfg):
     """Raise ExportError, one sentence naming the flag, if cfg is not a plain Llama (or Qwen3) once folded."""
     why = "a Norm, not a linear map, follows its scale vectors, so they cannot fold and Llama has no such norm"
-    if cfg.scale_vectors and cfg.sv_placement == "dnp":
-        raise ExportError(f"sv_placement='dnp' cannot be exported: {why} (DNP's g_a sits after Norm(W x))")
+    if cfg.scale_vectors and PLACEMENTS[cfg.sv_placement].norm:
+        raise ExportError(f"sv_placement={cfg.sv_placement!r} cannot be exported: {why} (a Norm follows W x)")
     if cfg.post_norm:
         raise ExportError(f"post_norm=True cannot be exported: {why} (it normalizes each branch's output)")
     if cfg.n_experts:

@@ -38,6 +38,8 @@ PLACEMENTS = {
     "pre": Placement(g_out=None, norm=False),       # y = W(g_in * Norm(x))
     "dp": Placement(g_out="input", norm=False),     # y = g_out * W(g_in * Norm(x)) = (diag(g_out) W diag(g_in)) Norm(x)
     "dnp": Placement(g_out="output", norm=True),    # y = g_out * Norm(W(g_in * Norm(x)))
+    # the control of DNP (our choice): its Norm after the map without its vector, g_out fixed at 1
+    "dnp_novec": Placement(g_out=None, norm=True),  # y = Norm(W(g_in * Norm(x)))
 }
 
 
@@ -62,9 +64,10 @@ def check_placement(name, p):
     """A placement's entry must be one that ScaledLinear can build and apply, or it would train an inert vector."""
     if p.g_out not in (None, "input", "output"):
         raise ValueError(f"PLACEMENTS[{name!r}]: g_out must be None, 'input' or 'output', not {p.g_out!r}")
-    if p.norm != (p.g_out == "output"):   # paper 2.2: a vector after a Norm cannot fold, one right after W can
+    if p.g_out == "output" and not p.norm or p.g_out == "input" and p.norm:
+        # paper 2.2: a vector after a Norm cannot fold, one right after W can
         raise ValueError(f"PLACEMENTS[{name!r}]: g_out={p.g_out!r} with norm={p.norm} is not built by ScaledLinear: "
-                         "a Norm after the map goes with an 'output' g_out, no Norm with an 'input' one or none")
+                         "a Norm after the map goes with an 'output' g_out or none, no Norm with an 'input' one or none")
 
 
 @dataclass
@@ -247,6 +250,8 @@ class ScaledLinear(nn.Module):
         per row of y), whose rows of g_out apply."""
         if not self.placement.norm:
             return y
+        if self.g_out is None:   # dnp_novec: the Norm alone, per group
+            return norm(y.unflatten(-1, (self.n_split, -1, self.group)), self.eps, self.fast).flatten(-3)
         g = self.g_out().view(self.n_expert or 1, self.n_split, -1, min(self.g_out_width, self.group))
         g = g[0 if expert is None else expert]
         return scaled_norm(y.unflatten(-1, (self.n_split, -1, self.group)), g, self.eps, self.fast).flatten(-3)

@@ -66,6 +66,8 @@ def sizing(max_iters):
 Variant = namedtuple("Variant", "name config overrides baseline claim sign")
 UNIFIED = "unified (HG+DNP+OR+IWD) lowers the loss (~0.04, dense and MoE, 0.12B-2B; 1.22-1.25x compute)"
 MUON_WSD = "unified still wins under Muon / WSD: a further 0.016-0.019 (0.5B, dense and MoE)"
+NOVEC = "DNP's vector, not only its Norm, lowers the loss: freezing g_out at 1 raises it (3.2)"
+NOIWD = "IWD helps unified: without decay on its Input-Norm vectors the loss is higher (2.2, 4)"
 
 
 def default_grid(size="char"):
@@ -89,6 +91,16 @@ def default_grid(size="char"):
     for tag, flag in [("muon", "--optimizer=muon"), ("wsd", "--lr_schedule=wsd")]:
         v += [Variant(f"baseline_{tag}", c("baseline"), [flag], None, "", 0),
               Variant(f"unified_{tag}", c("unified"), [flag], f"baseline_{tag}", MUON_WSD, -1)]
+    # Muon and WSD together, the paper's 0.5B setting, each family at its best Muon rate of the lr grid
+    tuned = {"baseline": ["--muon_lr=4e-3"], "unified": ["--muon_lr=1e-3"]} if size == "char" else {}
+    muon_wsd = ["--optimizer=muon", "--lr_schedule=wsd"]
+    v += [Variant("baseline_muon_wsd", c("baseline"), muon_wsd + tuned.get("baseline", []), None, "", 0),
+          Variant("unified_muon_wsd", c("unified"), muon_wsd + tuned.get("unified", []),
+                  "baseline_muon_wsd", MUON_WSD, -1)]
+    # the controls: DNP's Norm without its vector (what the vector adds), unified without IWD
+    v += [Variant("dnp_novec", c("dnp"), ["--sv_placement=dnp_novec"], "dnp", NOVEC, +1),
+          Variant("unified_novec", c("unified"), ["--sv_placement=dnp_novec"], "unified", NOVEC, +1),
+          Variant("unified_noiwd", c("unified"), ["--sv_weight_decay=none"], "unified", NOIWD, +1)]
     if all(os.path.exists(os.path.join(ROOT, c(f"moe_{k}"))) for k in ("baseline", "unified")):
         v += [Variant("moe_baseline", c("moe_baseline"), [], None, "", 0),
               Variant("moe_unified", c("moe_unified"), [], "moe_baseline", UNIFIED, -1)]
@@ -161,10 +173,30 @@ def scaling_grid():
     return v
 
 
+# IWD where decay can act: at weight_decay 0.1 a decayed vector shrinks by ~5% in 1000 steps; at 1.0 by
+# ~40% (exp(-sum of lr * wd)). The 0.1 rows are the default grid's (gemma_*, unified, unified_noiwd).
+WDS = ("0.3", "1.0")
+
+
+def wd_grid():
+    v = []
+    for wd in WDS:
+        f = [f"--weight_decay={wd}"]
+        v += [Variant(f"gemma_none_wd{wd}", "config/gemma_none_char.py", f, None, "", 0),
+              Variant(f"gemma_iwd_wd{wd}", "config/gemma_iwd_char.py", f, f"gemma_none_wd{wd}",
+                      "IWD beats no decay on scale vectors (Gemma-0.5B, QK-norm + post-norm; 2.2)", -1),
+              Variant(f"gemma_all_wd{wd}", "config/gemma_all_char.py", f, f"gemma_iwd_wd{wd}",
+                      "decaying Output-Norm vectors too is worse than IWD (Gemma-0.5B; 2.2)", +1),
+              Variant(f"unified_wd{wd}", "config/unified_char.py", f, None, "", 0),
+              Variant(f"unified_noiwd_wd{wd}", "config/unified_char.py", f + ["--sv_weight_decay=none"],
+                      f"unified_wd{wd}", NOIWD, +1)]
+    return v
+
+
 GRIDS = {"default": default_grid, "core": lambda: core(default_grid()),
          # the paper's 0.12B table on one node: baseline, noscale, unified; node_full: every variant
          "node": node_grid(lambda: core(default_grid("124m"))), "node_full": node_grid(lambda: default_grid("124m")),
-         "node_350m": node_350m, "lr": lr_grid, "scaling": scaling_grid}
+         "node_350m": node_350m, "lr": lr_grid, "scaling": scaling_grid, "wd": wd_grid}
 
 
 def is_node_grid(grids, name):

@@ -106,6 +106,7 @@ def test_tied_export_keeps_g_final_in_the_final_norm():
 
 @pytest.mark.parametrize("flags, named", [
     ({"sv_placement": "dnp"}, "sv_placement='dnp'"),
+    ({"sv_placement": "dnp_novec"}, "sv_placement='dnp_novec'"),   # by the table's `norm`, not by a name
     ({"post_norm": True}, "post_norm=True"),
     ({"n_experts": 4}, "n_experts=4"),
 ])

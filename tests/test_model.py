@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import model as model_py
-from helpers import TINY, VARIANTS, expected_decay, make, randomize_scale_vectors, tokens
+from helpers import MOE, TINY, VARIANTS, expected_decay, make, randomize_scale_vectors, tokens
 from model import GPT, GPTConfig, Placement, ScaledLinear, ScaleVector
 
 
@@ -247,8 +247,8 @@ def test_a_vector_outside_a_scale_vector_has_no_init_rule():
 
 # ---- the variant tables ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("entry", [Placement(g_out="output", norm=False), Placement(g_out=None, norm=True),
-                                   Placement(g_out="input", norm=True), Placement(g_out="sideways", norm=False)])
+@pytest.mark.parametrize("entry", [Placement(g_out="output", norm=False), Placement(g_out="input", norm=True),
+                                   Placement(g_out="sideways", norm=False)])
 def test_a_placement_the_model_cannot_apply_is_refused(monkeypatch, entry):
     """A fork adds a placement to the table with a piece ScaledLinear does not build: GPTConfig refuses it. (Before
     the table, an output-side vector with no Norm after it was created, never applied, and trained as an inert
@@ -321,6 +321,26 @@ def test_dense_dnp_is_the_formula_per_head_and_per_branch(width):
     for b in range(2):   # gate, up
         expected = gm_out[b] * rms((xn * gm_in[b]) @ Wm[b].T)
         torch.testing.assert_close(gate_up[..., b * h:(b + 1) * h], expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_dnp_novec_is_dnp_with_its_output_vector_frozen_at_one(moe):
+    """The DNP control keeps the Norm after the map and drops g_out: the same logits and the same gradient
+    for every shared parameter as DNP whose g_out is fixed at 1 and not trained, and no g_out parameter."""
+    kw = dict(sv_hetero=True, **(MOE if moe else {}))
+    dnp, ctrl = make(sv_placement="dnp", **kw), make(sv_placement="dnp_novec", **kw)
+    assert not [n for n, _ in ctrl.named_parameters() if ".g_out." in n]
+    randomize_scale_vectors(ctrl)
+    state = ctrl.state_dict()
+    missing = dnp.load_state_dict(state, strict=False).missing_keys
+    assert missing and all(".g_out." in k for k in missing), missing   # only g_out, left at its init
+    for m in (dnp, ctrl):
+        loss = m(tokens(), tokens(seed=2))[1]
+        loss.backward()
+    torch.testing.assert_close(dnp(tokens())[0], ctrl(tokens())[0], atol=0, rtol=0)
+    grads = dict(dnp.named_parameters())
+    for n, p in ctrl.named_parameters():
+        torch.testing.assert_close(grads[n].grad, p.grad, atol=0, rtol=0, msg=n)
 
 
 # ---- sv_dnp_width (issue 14) ------------------------------------------------------------------------------------------
