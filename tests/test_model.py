@@ -261,7 +261,7 @@ def test_a_placement_the_model_cannot_apply_is_refused(monkeypatch, entry):
 def test_a_new_placement_or_reparameterization_is_one_table_entry(monkeypatch):
     """An entry is all it takes: "dp2" (DP's entry) builds DP exactly; "sq" (g = alpha^2) trains its alpha."""
     monkeypatch.setitem(model_py.PLACEMENTS, "dp2", model_py.PLACEMENTS["dp"])
-    monkeypatch.setitem(model_py.REPARAMS, "sq", model_py.Reparam(init=dict(alpha=1.0), g=lambda sv: sv.alpha ** 2))
+    monkeypatch.setitem(model_py.REPARAMS, "sq", model_py.Reparam(params=dict(alpha=("vector", 1.0)), g=lambda sv: sv.alpha ** 2))
     for kw in (dict(sv_placement="dp2"), dict(sv_reparam="sq")):
         model = make(**kw)
         randomize_scale_vectors(model)
