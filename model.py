@@ -118,7 +118,9 @@ def er_g(sv):
 # paper 3.3: how a scale vector is parameterized; ScaleVector reads only this
 REPARAMS = {
     "none": Reparam(params=dict(g=("vector", 1.0)), g=plain_g),
-    "or": Reparam(params=dict(alpha=("direction", 1.0), beta=("scalar", 1.0)), g=or_g),
+    # beta = sqrt(1 + eps) at init: Norm(alpha) = 1 / sqrt(1 + eps) for alpha = 1, so g is exactly 1
+    "or": Reparam(params=dict(alpha=("direction", 1.0), beta=("scalar", lambda eps: math.sqrt(1 + eps))),
+                  g=or_g),
     "er": Reparam(params=dict(alpha=("direction", 0.0), beta=("scalar", 0.0)), g=er_g),
 }
 
@@ -298,7 +300,10 @@ class ScaleVector(nn.Module):
         for name, (shape, init) in REPARAMS[self.reparam].params.items():
             value = init(cfg.norm_eps) if callable(init) else init
             raw = torch.full((rows, 1 if shape == "scalar" else d), float(value))
-            self.register_parameter(name, nn.Parameter(raw))
+            if shape == "direction" and d == 1:   # one entry has no direction: a trained one is inert
+                self.register_buffer(name, raw)
+            else:
+                self.register_parameter(name, nn.Parameter(raw))
 
     def forward(self):
         """The effective vectors g, shape (rows, d)."""
