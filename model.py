@@ -31,8 +31,8 @@ import torch.nn.functional as F
 import kernels
 
 
-# ---- the operations: plain definitions; fast=True runs kernels.py's version (same values, less memory).
-# `fast` is always passed: every module reads it from GPTConfig.kernels, so no module can bypass
+# ---- the operations: plain definitions; fast=True runs kernels.py's version (same values, less
+# memory). `fast` is always passed: every module reads it from GPTConfig.kernels, so no module can bypass
 # kernels=False by a default.
 
 def norm(x, eps, fast):
@@ -93,10 +93,10 @@ PLACEMENTS = {
 
 
 class Reparam(NamedTuple):
-    # raw parameter name -> (shape, init). shape: "vector" (d entries per row), "direction" (d entries
-    # per row of which only the direction counts: a fixed buffer when d == 1, where there is no
-    # direction to learn), "scalar" (one per row). init: a number, or a function of norm_eps. g must
-    # be exactly 1 at init (tests/test_variant_tables.py checks it).
+    # raw parameter name -> (shape, init). shape: "vector" (d entries per row), "direction" (d
+    # entries per row, of which only the direction counts: a fixed buffer when d == 1, where there
+    # is no direction to learn), "scalar" (one per row). init: a number, or a function of
+    # norm_eps. g must be exactly 1 at init (tests/test_variant_tables.py checks it).
     params: dict
     g: callable   # the ScaleVector -> its effective vectors g, (rows, d)
 
@@ -119,8 +119,8 @@ def er_g(sv):
 REPARAMS = {
     "none": Reparam(params=dict(g=("vector", 1.0)), g=plain_g),
     # beta = sqrt(1 + eps) at init: Norm(alpha) = 1 / sqrt(1 + eps) for alpha = 1, so g is exactly 1
-    "or": Reparam(params=dict(alpha=("direction", 1.0), beta=("scalar", lambda eps: math.sqrt(1 + eps))),
-                  g=or_g),
+    "or": Reparam(params=dict(alpha=("direction", 1.0),
+                              beta=("scalar", lambda eps: math.sqrt(1 + eps))), g=or_g),
     "er": Reparam(params=dict(alpha=("direction", 0.0), beta=("scalar", 0.0)), g=er_g),
 }
 
@@ -137,7 +137,7 @@ class DecayPolicy(NamedTuple):
     toward: float = 0.0
 
 
-# train.py's sv_weight_decay: which scale vectors get weight_decay (matrices and embeddings always do)
+# train.py's sv_weight_decay: which scale vectors get weight_decay (matrices, embeddings: always)
 DECAY_POLICIES = {
     "none": DecayPolicy(decays=()),
     "iwd": DecayPolicy(decays=("sv_input",)),   # paper 2.2: only the Input-Norm ones, which fold
@@ -145,9 +145,9 @@ DECAY_POLICIES = {
 }
 
 # The named variants of the paper (config/<name>_char.py, config/<name>_124m.py and the rows of
-# reproduce.py's grids): GPTConfig flags plus train.py's sv_weight_decay. tests/test_variant_tables.py
-# checks every config file and grid row against this list.
-UNIFIED = dict(sv_hetero=True, sv_placement="dnp", sv_reparam="or", sv_weight_decay="iwd")   # paper 4
+# reproduce.py's grids): GPTConfig flags plus train.py's sv_weight_decay.
+# tests/test_variant_tables.py checks every config file and grid row against this list.
+UNIFIED = dict(sv_hetero=True, sv_placement="dnp", sv_reparam="or", sv_weight_decay="iwd")  # paper 4
 GEMMA = dict(qk_norm=True, post_norm=True)
 VARIANTS = {
     "baseline": {},
