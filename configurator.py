@@ -22,6 +22,8 @@ import runpy
 import sys
 import types
 
+from model import DECAY_POLICIES
+
 
 class ConfigError(ValueError):
     """A bad config file, unknown key or badly typed value."""
@@ -148,7 +150,7 @@ TRAIN_RULES = {
     "block_size": at_least(1), "vocab_pad": at_least(1), "n_layer": at_least(1), "n_head": at_least(1), "n_embd": at_least(1),
     "optimizer": one_of("adamw", "muon"),
     "learning_rate": above(0), "muon_lr": at_least(0), "muon_momentum": fraction(), "max_iters": at_least(0),
-    "weight_decay": at_least(0), "sv_weight_decay": one_of("none", "all", "iwd"),
+    "weight_decay": at_least(0), "sv_weight_decay": one_of(*DECAY_POLICIES),
     "beta1": fraction(), "beta2": fraction(), "grad_clip": at_least(0),
     "lr_schedule": one_of("cosine", "wsd", "constant"), "warmup_iters": at_least(0), "lr_decay_iters": at_least(0),
     "min_lr": at_least(0), "wsd_decay_frac": fraction(hi_open=False), "wsd_shape": one_of("linear", "1-sqrt"),

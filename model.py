@@ -1,18 +1,24 @@
 """
 A short Pre-Norm GPT in the Llama style (RMSNorm, RoPE, SwiGLU, no biases) with a flag for each
-scale-vector variant of arXiv:2605.26895, "Negligible in Size, Significant in Effect: On Scale Vectors in
-Large Language Models". DESIGN.md gives the definitions this file implements and the choices it makes.
+scale-vector variant of arXiv:2605.26895, "Negligible in Size, Significant in Effect: On Scale
+Vectors in Large Language Models". DESIGN.md gives the definitions this file implements and the
+choices it makes.
 
-Notation: Norm(x) = x / sqrt(mean(x^2) + eps) has no parameter; a scale vector g multiplies it: g * Norm(x).
-Every variant is made of three pieces, in this order below:
-  ScaleVector   a learnable vector, plain or reparameterized (OR / ER), of kind "input" (it can fold into
-                an adjacent linear map) or "output" (a Norm sits between: it cannot);
-  ScaledLinear  a linear map fed by Norm(x) with the vectors that meet it: g_in on its input side, g_out on
-                its output side (DP, DNP): y = g_out * W(g_in * Norm(x)), computed as
+Notation: Norm(x) = x / sqrt(mean(x^2) + eps) has no parameter; a scale vector g multiplies it:
+g * Norm(x). Every variant is made of three pieces, in this order below:
+  ScaleVector   a learnable vector, plain or reparameterized (OR / ER), of kind "input" (it can fold
+                into an adjacent linear map) or "output" (a Norm sits between: it cannot);
+  ScaledLinear  a linear map fed by Norm(x) with the vectors that meet it: g_in on its input side,
+                g_out on its output side (DP, DNP): y = g_out * W(g_in * Norm(x)), computed as
                 (W * g_out g_in^T) Norm(x) once per step instead of per token;
   OutputNorm    g * Norm(x) where no linear map follows (qk_norm, post_norm).
-Attention, SwiGLU and the Mixture-of-Experts FFN (MoE) are built from these pieces. Two tables,
-PLACEMENTS and REPARAMS, say what each value of sv_placement and sv_reparam builds.
+Attention, SwiGLU and the Mixture-of-Experts FFN (MoE) are built from these pieces. The tables
+PLACEMENTS, REPARAMS and DECAY_POLICIES say what each value of sv_placement, sv_reparam and
+train.py's sv_weight_decay means; VARIANTS names the paper's combinations.
+
+First reading (~300 lines): the operations and the tables, GPTConfig, ScaleVector, ScaledLinear,
+Attention, SwiGLU, Block and GPT up to forward; then param_groups and fold_scale_vectors. MoE is
+optional: a dense model (n_experts=0) never builds one.
 """
 import math
 from dataclasses import dataclass, replace
@@ -25,49 +31,157 @@ import torch.nn.functional as F
 import kernels
 
 
-# ---- the variants, one table entry each ------------------------------------------------------------------
+# ---- the operations: plain definitions; fast=True runs kernels.py's version (same values, less
+# memory). `fast` is always passed: every module reads it from GPTConfig.kernels, so no module can bypass
+# kernels=False by a default.
+
+def norm(x, eps, fast):
+    """Norm(x) = x / sqrt(mean(x^2) + eps) over the last dimension, no parameter."""
+    if fast:
+        return kernels.norm(x, eps)
+    xf = x.float() if x.element_size() < 4 else x   # the statistic in at least float32 (Llama)
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def scaled_norm(y, g, eps, fast):
+    """g * Norm(y), DNP's output side (paper 3.2), in y's dtype; g broadcasts over y's leading
+    dimensions."""
+    if fast:
+        return kernels.scaled_norm(y, g, eps)
+    return (g * norm(y, eps, fast=False)).to(y.dtype)
+
+
+def swiglu(gate_up, fast):
+    """silu(gate) * up (Shazeer 2020), from gate|up concatenated on the last dimension."""
+    if fast:
+        return kernels.swiglu(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def cross_entropy(logits, targets, fast):
+    """Mean cross-entropy of logits (N, V) over the targets (N,) that are not -1, in at least
+    float32."""
+    if fast:
+        return kernels.cross_entropy(logits, targets)
+    logits = logits.float() if logits.element_size() < 4 else logits
+    return F.cross_entropy(logits, targets, ignore_index=-1)
+
+
+# ---- the variants, one table entry each ----------------------------------------------------------
 
 class Placement(NamedTuple):
-    g_out: Optional[str]   # kind of the output-side vector g_out: None (there is none), "input" (it folds into
-                           # W's rows), "output" (a Norm sits between W and it: it cannot fold)
-    norm: bool             # a Norm follows the map: y = g_out * Norm(W(...)), per head for q, k, v
+    # kind of the output-side vector g_out: None (there is none), "input" (it folds into W's rows),
+    # "output" (a Norm sits between W and it: it cannot fold)
+    g_out: Optional[str]
+    norm: bool   # a Norm follows the map: y = g_out * Norm(W(...)), per head for q, k, v
 
 
-# paper 3.2: what meets a linear map fed by an Input-Norm (q, k, v; gate, up); ScaledLinear reads only this
+# paper 3.2: what meets a linear map fed by an Input-Norm (q, k, v; gate, up); ScaledLinear reads
+# only this
 PLACEMENTS = {
-    "pre": Placement(g_out=None, norm=False),       # y = W(g_in * Norm(x))
-    "dp": Placement(g_out="input", norm=False),     # y = g_out * W(g_in * Norm(x)) = (diag(g_out) W diag(g_in)) Norm(x)
-    "dnp": Placement(g_out="output", norm=True),    # y = g_out * Norm(W(g_in * Norm(x)))
+    # y = W(g_in * Norm(x))
+    "pre": Placement(g_out=None, norm=False),
+    # y = g_out * W(g_in * Norm(x)) = (diag(g_out) W diag(g_in)) Norm(x)
+    "dp": Placement(g_out="input", norm=False),
+    # y = g_out * Norm(W(g_in * Norm(x)))
+    "dnp": Placement(g_out="output", norm=True),
     # the control of DNP (our choice): its Norm after the map without its vector, g_out fixed at 1
-    "dnp_novec": Placement(g_out=None, norm=True),  # y = Norm(W(g_in * Norm(x)))
+    # y = Norm(W(g_in * Norm(x)))
+    "dnp_novec": Placement(g_out=None, norm=True),
 }
 
 
 class Reparam(NamedTuple):
-    init: dict     # parameter name -> initial value; "beta" is one scalar per row, any other name a full row
-    g: callable    # the ScaleVector -> its effective vectors g
+    # raw parameter name -> (shape, init). shape: "vector" (d entries per row), "direction" (d
+    # entries per row, of which only the direction counts: a fixed buffer when d == 1, where there
+    # is no direction to learn), "scalar" (one per row). init: a number, or a function of
+    # norm_eps. g must be exactly 1 at init (tests/test_variant_tables.py checks it).
+    params: dict
+    g: callable   # the ScaleVector -> its effective vectors g, (rows, d)
+
+
+def plain_g(sv):
+    return sv.g
+
+
+def or_g(sv):
+    """OR (paper 3.3): a magnitude beta times a unit-RMS direction Norm(alpha)."""
+    return sv.beta * norm(sv.alpha, sv.eps, fast=False)
+
+
+def er_g(sv):
+    """ER (paper 3.3): exp(beta) * exp(alpha - mean(alpha))."""
+    return torch.exp(sv.beta + sv.alpha - sv.alpha.mean(-1, keepdim=True))
 
 
 # paper 3.3: how a scale vector is parameterized; ScaleVector reads only this
 REPARAMS = {
-    "none": Reparam(init=dict(g=1.0), g=lambda sv: sv.g),
-    "or": Reparam(init=dict(alpha=1.0, beta=1.0), g=lambda sv: sv.beta * norm(sv.alpha, sv.eps, fast=False)),
-    "er": Reparam(init=dict(alpha=0.0, beta=0.0), g=lambda sv: torch.exp(sv.beta + sv.alpha - sv.alpha.mean(-1, keepdim=True))),
+    "none": Reparam(params=dict(g=("vector", 1.0)), g=plain_g),
+    # beta = sqrt(1 + eps) at init: Norm(alpha) = 1 / sqrt(1 + eps) for alpha = 1, so g is exactly 1
+    "or": Reparam(params=dict(alpha=("direction", 1.0),
+                              beta=("scalar", lambda eps: math.sqrt(1 + eps))), g=or_g),
+    "er": Reparam(params=dict(alpha=("direction", 0.0), beta=("scalar", 0.0)), g=er_g),
 }
 
-# width of DNP's g_out, an open choice (DESIGN.md): "full", the map's output width; "head", one head-sized vector
-# per branch q, k, v shared by the heads, one scalar per branch gate, up (per expert in MoE)
+# width of DNP's g_out, an open choice (DESIGN.md): "full", the map's output width; "head", one
+# head-sized vector per branch q, k, v shared by the heads, one scalar per branch gate, up (per
+# expert in MoE)
 DNP_WIDTHS = ("full", "head")
 
 
+class DecayPolicy(NamedTuple):
+    decays: tuple   # the scale-vector classes of GPT.param_classes() it decays
+    # what a decayed vector is pulled toward: 0, AdamW's own decoupled decay; another value t,
+    # p -= lr * weight_decay * (p - t) after each step (optimizer_step)
+    toward: float = 0.0
+
+
+# train.py's sv_weight_decay: which scale vectors get weight_decay (matrices, embeddings: always)
+DECAY_POLICIES = {
+    "none": DecayPolicy(decays=()),
+    "iwd": DecayPolicy(decays=("sv_input",)),   # paper 2.2: only the Input-Norm ones, which fold
+    "all": DecayPolicy(decays=("sv_input", "sv_output")),
+}
+
+# The named variants of the paper (config/<name>_char.py, config/<name>_124m.py and the rows of
+# reproduce.py's grids): GPTConfig flags plus train.py's sv_weight_decay.
+# tests/test_variant_tables.py checks every config file and grid row against this list.
+UNIFIED = dict(sv_hetero=True, sv_placement="dnp", sv_reparam="or", sv_weight_decay="iwd")  # paper 4
+GEMMA = dict(qk_norm=True, post_norm=True)
+VARIANTS = {
+    "baseline": {},
+    "noscale": dict(scale_vectors=False),
+    "hetero": dict(sv_hetero=True),
+    "dp": dict(sv_placement="dp"),
+    "dnp": dict(sv_placement="dnp"),
+    "dnp_head": dict(sv_placement="dnp", sv_dnp_width="head"),
+    "dnp_novec": dict(sv_placement="dnp_novec"),
+    "or": dict(sv_reparam="or"),
+    "er": dict(sv_reparam="er"),
+    "iwd": dict(sv_weight_decay="iwd"),
+    "gemma_none": dict(GEMMA, sv_weight_decay="none"),
+    "gemma_iwd": dict(GEMMA, sv_weight_decay="iwd"),
+    "gemma_all": dict(GEMMA, sv_weight_decay="all"),
+    "unified": UNIFIED,
+    "unified_head": dict(UNIFIED, sv_dnp_width="head"),
+    "unified_novec": dict(UNIFIED, sv_placement="dnp_novec"),
+    "unified_noiwd": dict(UNIFIED, sv_weight_decay="none"),
+}
+
+
 def check_placement(name, p):
-    """A placement's entry must be one that ScaledLinear can build and apply, or it would train an inert vector."""
+    """A placement's entry must be one that ScaledLinear can build and apply, or it would train an
+    inert vector."""
     if p.g_out not in (None, "input", "output"):
-        raise ValueError(f"PLACEMENTS[{name!r}]: g_out must be None, 'input' or 'output', not {p.g_out!r}")
+        raise ValueError(
+            f"PLACEMENTS[{name!r}]: g_out must be None, 'input' or 'output', not {p.g_out!r}")
     if p.g_out == "output" and not p.norm or p.g_out == "input" and p.norm:
         # paper 2.2: a vector after a Norm cannot fold, one right after W can
-        raise ValueError(f"PLACEMENTS[{name!r}]: g_out={p.g_out!r} with norm={p.norm} is not built by ScaledLinear: "
-                         "a Norm after the map goes with an 'output' g_out or none, no Norm with an 'input' one or none")
+        raise ValueError(
+            f"PLACEMENTS[{name!r}]: g_out={p.g_out!r} with norm={p.norm} is not built by "
+            "ScaledLinear: a Norm after the map goes with an 'output' g_out or none, no Norm with "
+            "an 'input' one or none")
 
 
 @dataclass
@@ -78,15 +192,18 @@ class GPTConfig:
     n_layer: int = 12
     n_head: int = 12
     n_embd: int = 768
-    mlp_hidden: int = 0          # 0: 8/3 * n_embd rounded up to a multiple of 32 (Llama: as many weights as a 4x GELU MLP)
+    # 0: 8/3 * n_embd rounded up to a multiple of 32 (Llama: as many weights as a 4x GELU MLP)
+    mlp_hidden: int = 0
     tie_embeddings: bool = True
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
-    kernels: bool = True         # kernels.py's hand-written backward passes (same values); False: model.py's plain code
+    # kernels.py's hand-written backward passes (same values); False: model.py's plain code. Every
+    # module passes it to the operations as `fast`
+    kernels: bool = True
     # scale vectors: one flag per variant (DESIGN.md)
     scale_vectors: bool = True   # False: every norm is parameter-free (paper Fig. 1 ablation)
     sv_hetero: bool = False      # HG, paper 3.1: one g_in per branch (q, k, v; gate, up)
-    sv_placement: str = "pre"    # a key of PLACEMENTS: "pre" | "dp" | "dnp", paper 3.2
+    sv_placement: str = "pre"    # a key of PLACEMENTS: "pre" | "dp" | "dnp" | ..., paper 3.2
     sv_reparam: str = "none"     # a key of REPARAMS: "none" | "or" | "er", paper 3.3
     sv_dnp_width: str = "full"   # width of DNP's g_out: "full" | "head" (DNP_WIDTHS)
     qk_norm: bool = False        # g_q * Norm(q), g_k * Norm(k) per head (Output-Norm)
@@ -95,10 +212,12 @@ class GPTConfig:
     n_experts: int = 0           # routed experts per MoE layer
     n_experts_active: int = 2    # top-k routed experts per token
     n_shared_experts: int = 0    # experts every token goes through
-    moe_hidden: int = 0          # each expert's SwiGLU width; 0: hidden / (k + shared), rounded up to 32 (dense's active size)
+    # each expert's SwiGLU width; 0: hidden / (k + shared), rounded up to 32 (dense's active size)
+    moe_hidden: int = 0
     moe_dense_layers: int = 0    # the first N layers keep the dense SwiGLU (1: "all but the first")
-    moe_router: str = "softmax"  # "softmax" | "sigmoid" scores; k > 1 gates are renormalized to sum to 1
-    moe_balance: str = "bias"    # "bias": DeepSeek-V3's expert bias (GPT.update_expert_bias) | "aux": Switch's loss
+    moe_router: str = "softmax"  # "softmax" | "sigmoid" scores; k > 1 gates renormalized to sum 1
+    # "bias": DeepSeek-V3's expert bias (MoE.update_bias) | "aux": the Switch Transformer's loss
+    moe_balance: str = "bias"
     moe_bias_rate: float = 1e-3  # expert-bias step per update
     moe_aux_weight: float = 0.01  # weight of the auxiliary loss (moe_balance="aux")
 
@@ -106,31 +225,51 @@ class GPTConfig:
         def check(ok, msg):
             if not ok:
                 raise ValueError(f"GPTConfig: {msg}")
-        one_of = lambda keys: ", ".join(repr(k) for k in keys)
-        check(self.sv_placement in PLACEMENTS, f"sv_placement must be one of {one_of(PLACEMENTS)}, not {self.sv_placement!r}")
+
+        def one_of(flag, table):
+            value = getattr(self, flag)
+            check(value in table,
+                  f"{flag} must be one of {', '.join(map(repr, table))}, not {value!r}")
+
+        one_of("sv_placement", PLACEMENTS)
         check_placement(self.sv_placement, PLACEMENTS[self.sv_placement])
-        check(self.sv_reparam in REPARAMS, f"sv_reparam must be one of {one_of(REPARAMS)}, not {self.sv_reparam!r}")
-        check(self.sv_dnp_width in DNP_WIDTHS, f"sv_dnp_width must be one of {one_of(DNP_WIDTHS)}, not {self.sv_dnp_width!r}")
-        check(self.sv_dnp_width == "full" or PLACEMENTS[self.sv_placement].norm,
-              f"sv_dnp_width={self.sv_dnp_width!r} sets the width of DNP's g_out: it needs sv_placement='dnp', not {self.sv_placement!r}")
+        one_of("sv_reparam", REPARAMS)
+        one_of("sv_dnp_width", DNP_WIDTHS)
+        dnp = PLACEMENTS[self.sv_placement].norm
+        check(self.sv_dnp_width == "full" or dnp,
+              f"sv_dnp_width={self.sv_dnp_width!r} sets the width of DNP's g_out: it needs "
+              f"sv_placement='dnp', not {self.sv_placement!r}")
         if not self.scale_vectors:
-            for flag, off in (("sv_hetero", False), ("sv_placement", "pre"), ("sv_reparam", "none"), ("sv_dnp_width", "full")):
-                check(getattr(self, flag) == off, f"{flag}={getattr(self, flag)!r} needs scale_vectors=True (there is no vector to vary)")
-        check(not (self.qk_norm and PLACEMENTS[self.sv_placement].norm),
-              f"qk_norm=True with sv_placement={self.sv_placement!r} is redundant: DNP already puts a norm and a vector on q and k")
+            for flag, off in (("sv_hetero", False), ("sv_placement", "pre"), ("sv_reparam", "none"),
+                              ("sv_dnp_width", "full")):
+                check(getattr(self, flag) == off,
+                      f"{flag}={getattr(self, flag)!r} needs scale_vectors=True "
+                      "(there is no vector to vary)")
+        check(not (self.qk_norm and dnp),
+              f"qk_norm=True with sv_placement={self.sv_placement!r} is redundant: DNP already "
+              "puts a norm and a vector on q and k")
         check(self.n_embd % self.n_head == 0 and (self.n_embd // self.n_head) % 2 == 0,
               "n_embd must be a multiple of n_head with an even head size (RoPE rotates pairs)")
         check(self.n_experts >= 0, f"n_experts must be >= 0 (0: dense), not {self.n_experts}")
         if self.n_experts:
-            check(1 <= self.n_experts_active <= self.n_experts,
-                  f"n_experts_active must be between 1 and n_experts={self.n_experts}, not {self.n_experts_active}")
-            check(self.n_shared_experts >= 0, f"n_shared_experts must be >= 0, not {self.n_shared_experts}")
-            check(self.moe_hidden >= 0, f"moe_hidden must be >= 0 (0: automatic), not {self.moe_hidden}")
-            check(0 <= self.moe_dense_layers < self.n_layer,
-                  f"moe_dense_layers must be between 0 and n_layer-1={self.n_layer - 1} (some layer must be MoE), not {self.moe_dense_layers}")
-            check(self.moe_router in ("softmax", "sigmoid"), f"moe_router must be 'softmax' or 'sigmoid', not {self.moe_router!r}")
-            check(self.moe_balance in ("bias", "aux"), f"moe_balance must be 'bias' or 'aux', not {self.moe_balance!r}")
-            check(self.moe_bias_rate >= 0 and self.moe_aux_weight >= 0, "moe_bias_rate and moe_aux_weight must be >= 0")
+            self.check_moe(check)
+
+    def check_moe(self, check):
+        check(1 <= self.n_experts_active <= self.n_experts,
+              f"n_experts_active must be between 1 and n_experts={self.n_experts}, "
+              f"not {self.n_experts_active}")
+        check(self.n_shared_experts >= 0,
+              f"n_shared_experts must be >= 0, not {self.n_shared_experts}")
+        check(self.moe_hidden >= 0, f"moe_hidden must be >= 0 (0: automatic), not {self.moe_hidden}")
+        check(0 <= self.moe_dense_layers < self.n_layer,
+              f"moe_dense_layers must be between 0 and n_layer-1={self.n_layer - 1} "
+              f"(some layer must be MoE), not {self.moe_dense_layers}")
+        check(self.moe_router in ("softmax", "sigmoid"),
+              f"moe_router must be 'softmax' or 'sigmoid', not {self.moe_router!r}")
+        check(self.moe_balance in ("bias", "aux"),
+              f"moe_balance must be 'bias' or 'aux', not {self.moe_balance!r}")
+        check(self.moe_bias_rate >= 0 and self.moe_aux_weight >= 0,
+              "moe_bias_rate and moe_aux_weight must be >= 0")
 
     @property
     def hidden(self):
@@ -138,59 +277,33 @@ class GPTConfig:
 
     @property
     def expert_hidden(self):
-        return self.moe_hidden or 32 * math.ceil(self.hidden / (self.n_experts_active + self.n_shared_experts) / 32)
+        active = self.n_experts_active + self.n_shared_experts
+        return self.moe_hidden or 32 * math.ceil(self.hidden / active / 32)
 
     @property
     def padded_vocab(self):
         return self.vocab_pad * math.ceil(self.vocab_size / self.vocab_pad)
 
 
-# ---- the operations: plain definitions; fast=True runs kernels.py's version (same values, less memory) -------
-
-def norm(x, eps, fast=True):
-    """Norm(x) = x / sqrt(mean(x^2) + eps) over the last dimension, no parameter."""
-    if fast:
-        return kernels.norm(x, eps)
-    xf = x.float() if x.element_size() < 4 else x   # the statistic in at least float32 (Llama's RMSNorm)
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
-def scaled_norm(y, g, eps, fast=True):
-    """g * Norm(y), DNP's output side (paper 3.2), in y's dtype; g broadcasts over y's leading dimensions."""
-    if fast:
-        return kernels.scaled_norm(y, g, eps)
-    return (g * norm(y, eps, fast=False)).to(y.dtype)
-
-
-def swiglu(gate_up, fast=True):
-    """silu(gate) * up (Shazeer 2020), from gate|up concatenated on the last dimension."""
-    if fast:
-        return kernels.swiglu(gate_up)
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
-
-
-def cross_entropy(logits, targets, fast=True):
-    """Mean cross-entropy of logits (N, V) over the targets (N,) that are not -1, in at least float32."""
-    if fast:
-        return kernels.cross_entropy(logits, targets)
-    return F.cross_entropy(logits.float() if logits.element_size() < 4 else logits, targets, ignore_index=-1)
-
-
-# ---- the three pieces ---------------------------------------------------------------------------------------
+# ---- the three pieces ----------------------------------------------------------------------------
 
 class ScaleVector(nn.Module):
-    """`rows` learnable vectors g of length d, parameterized as REPARAMS[cfg.sv_reparam] says; g = 1 at init
-    (paper: "scale vectors initialised to 1"). kind "input": g folds into an adjacent linear map (decayed under
-    IWD, paper 2.2); "output": a Norm sits between, it cannot fold."""
+    """`rows` learnable vectors g of length d, parameterized as REPARAMS[cfg.sv_reparam] says; g = 1
+    at init (paper: "scale vectors initialised to 1"). kind "input": g folds into an adjacent linear
+    map (decayed under IWD, paper 2.2); "output": a Norm sits between, it cannot fold."""
 
     def __init__(self, rows, d, kind, cfg, names=None):
         super().__init__()
         if kind not in ("input", "output"):
             raise ValueError(f"ScaleVector: kind must be 'input' or 'output', not {kind!r}")
         self.kind, self.reparam, self.eps, self.names = kind, cfg.sv_reparam, cfg.norm_eps, names
-        for name, value in REPARAMS[self.reparam].init.items():
-            self.register_parameter(name, nn.Parameter(torch.full((rows, 1 if name == "beta" else d), value)))
+        for name, (shape, init) in REPARAMS[self.reparam].params.items():
+            value = init(cfg.norm_eps) if callable(init) else init
+            raw = torch.full((rows, 1 if shape == "scalar" else d), float(value))
+            if shape == "direction" and d == 1:   # one entry has no direction: a trained one is inert
+                self.register_buffer(name, raw)
+            else:
+                self.register_parameter(name, nn.Parameter(raw))
 
     def forward(self):
         """The effective vectors g, shape (rows, d)."""
@@ -198,21 +311,25 @@ class ScaleVector(nn.Module):
 
 
 class ScaledLinear(nn.Module):
-    """y = g_out * W(g_in * Norm(x)), or g_out * Norm(W(g_in * Norm(x))) under DNP, as PLACEMENTS says; the
-    caller passes Norm(x), computed once for all the maps it feeds. The weight has `n_split` equal row blocks
-    (q, k, v or gate, up), times `n_expert` for MoE.
-      g_in:  input side, an Input-Norm vector: one shared row, or one row per block under HG (paper 3.1);
-      g_out: output side, one row per block (paper 3.2): DP folds it into W's rows, DNP applies g_out * Norm(.)
-             per group of `group` outputs (a head, or a branch).
-    Paper, unified view: W -> diag(g_out) W diag(g_in) = W * (g_out g_in^T), computed once per step."""
+    """y = g_out * W(g_in * Norm(x)), or g_out * Norm(W(g_in * Norm(x))) under DNP, as PLACEMENTS
+    says; the caller passes Norm(x), computed once for all the maps it feeds. The weight has one
+    equal row block per name of `branches` (q, k, v or gate, up; one block if none), times
+    `n_expert` for MoE.
+      g_in:  input side, an Input-Norm vector: one shared row, or one row per block under HG
+             (paper 3.1); own_g_in=False: the caller passes it (MoE's g_ffn, the head's g_final);
+      g_out: output side, one row per block (paper 3.2), dual=False: none. DP folds it into W's
+             rows, DNP applies g_out * Norm(.) per group of outputs: per `head` outputs (q, k, v),
+             or per branch (head=0).
+    Paper, unified view: W -> diag(g_out) W diag(g_in) = W * (g_out g_in^T), once per step."""
 
-    def __init__(self, d_in, d_out, cfg, n_split=1, names=None, dual=True, own_g_in=True, n_expert=0, group=0, head_width=1):
+    def __init__(self, d_in, d_out, cfg, branches=(), head=0, n_expert=0, dual=True, own_g_in=True):
         super().__init__()
         lead = (n_expert,) if n_expert else ()
-        self.weight = nn.Parameter(torch.empty(*lead, d_out, d_in))   # initialized by GPT._init_weights
+        self.weight = nn.Parameter(torch.empty(*lead, d_out, d_in))   # GPT._init_weights draws it
+        n_split = max(len(branches), 1)
         self.n_expert, self.n_split, self.n_blocks = n_expert, n_split, max(n_expert, 1) * n_split
         self.eps, self.fast = cfg.norm_eps, cfg.kernels
-        names = names if n_split > 1 else None
+        names = branches if n_split > 1 else None
         if n_expert and names:   # one row per expert and branch: "3.gate"
             names = tuple(f"{e}.{n}" for e in range(n_expert) for n in names)
         sv = cfg.scale_vectors
@@ -220,23 +337,25 @@ class ScaledLinear(nn.Module):
         self.g_in = ScaleVector(rows_in, d_in, "input", cfg, names) if sv and own_g_in else None
         self.placement = PLACEMENTS[cfg.sv_placement if sv and dual else "pre"]
         check_placement(cfg.sv_placement, self.placement)
-        self.group = group or d_out // n_split
-        # DNP's g_out is full width, or (sv_dnp_width="head") head_width entries per block shared by its groups
-        width = d_out // n_split if cfg.sv_dnp_width == "full" or not self.placement.norm else head_width
-        self.g_out = ScaleVector(self.n_blocks, width, self.placement.g_out, cfg, names) if self.placement.g_out else None
-        self.g_out_width = width
+        self.group = head or d_out // n_split
+        # DNP's g_out is full width, or (sv_dnp_width="head") a head's width per block, shared by
+        # its heads (one entry per branch without heads)
+        full = cfg.sv_dnp_width == "full" or not self.placement.norm
+        self.g_out_width = width = d_out // n_split if full else head or 1
+        kind = self.placement.g_out
+        self.g_out = ScaleVector(self.n_blocks, width, kind, cfg, names) if kind else None
 
     def effective_weight(self, g_in=None):
-        """W * (g_out g_in^T), g_out only where it folds (DP). `g_in` is passed in when the Input-Norm vector is
-        shared by several maps (MoE's g_ffn)."""
+        """W * (g_out g_in^T), g_out only where it folds (DP). `g_in` is passed in when the
+        Input-Norm vector is shared by several maps (MoE's g_ffn)."""
         W = self.weight
         g_in = self.g_in() if self.g_in is not None else g_in
         g_out = self.g_out() if self.placement.g_out == "input" else None
         if g_out is None and (g_in is None or len(g_in) == 1):
             return W if g_in is None else W * g_in          # one shared vector: W diag(g), paper 2.2
-        Wb = W.reshape(self.n_blocks, -1, W.size(-1))       # (blocks, rows, d_in): a block per branch
+        Wb = W.reshape(self.n_blocks, -1, W.size(-1))       # (blocks, rows, d_in): one per branch
         if g_in is not None:
-            Wb = Wb * g_in.unsqueeze(1)                     # paper 3.1, HG: W_i diag(g_i) for branch i
+            Wb = Wb * g_in.unsqueeze(1)                     # paper 3.1, HG: W_i diag(g_i), branch i
         if g_out is not None:
             Wb = Wb * g_out.unsqueeze(2)                    # paper 3.2, DP: diag(g_out) W diag(g_in)
         return Wb.view_as(W)
@@ -245,16 +364,19 @@ class ScaledLinear(nn.Module):
         return self.output_side(F.linear(xn, self.effective_weight(g_in)))
 
     def output_side(self, y, expert=None):
-        """What the placement does after the map: g_out * Norm(y) per group of outputs under DNP (paper 3.2);
-        nothing otherwise (DP's g_out is already in the weight). MoE: y comes from `expert` (an index, or one
-        per row of y), whose rows of g_out apply."""
+        """What the placement does after the map: g_out * Norm(y) per group of outputs under DNP
+        (paper 3.2); nothing otherwise (DP's g_out is already in the weight). MoE: y comes from
+        `expert` (an index, or one per row of y), whose rows of g_out apply."""
         if not self.placement.norm:
             return y
-        if self.g_out is None:   # dnp_novec: the Norm alone, per group
-            return norm(y.unflatten(-1, (self.n_split, -1, self.group)), self.eps, self.fast).flatten(-3)
+        # (..., d_out) -> (..., blocks, groups per block, group): the Norm is per group
+        groups = y.unflatten(-1, (self.n_split, -1, self.group))
+        if self.g_out is None:   # dnp_novec: the Norm alone
+            return norm(groups, self.eps, self.fast).flatten(-3)
+        # g_out (experts * blocks, width) -> (experts, blocks, 1 or groups, width <= group)
         g = self.g_out().view(self.n_expert or 1, self.n_split, -1, min(self.g_out_width, self.group))
         g = g[0 if expert is None else expert]
-        return scaled_norm(y.unflatten(-1, (self.n_split, -1, self.group)), g, self.eps, self.fast).flatten(-3)
+        return scaled_norm(groups, g, self.eps, self.fast).flatten(-3)
 
 
 class OutputNorm(nn.Module):
@@ -267,14 +389,16 @@ class OutputNorm(nn.Module):
         self.g = ScaleVector(1, d, "output", cfg) if cfg.scale_vectors else None
 
     def forward(self, x):
-        return F.rms_norm(x, (x.size(-1),), self.g().view(-1) if self.g is not None else None, self.eps)
+        g = self.g().view(-1) if self.g is not None else None
+        return F.rms_norm(x, (x.size(-1),), g, self.eps)
 
 
-# ---- attention, SwiGLU, MoE ---------------------------------------------------------------------------------
+# ---- attention, SwiGLU, MoE ----------------------------------------------------------------------
 
 def rope_table(cfg, T, device):
-    """e^(i t theta_j) for position t < T and pair j of a head, shaped to broadcast over (B, T, q|k, H, hd/2).
-    Computed per forward (T * hd/2 numbers), not kept as a buffer that model.to(dtype) would cast."""
+    """e^(i t theta_j) for position t < T and pair j of a head, shaped to broadcast over
+    (B, T, q|k, H, hd/2). Computed per forward (T * hd/2 numbers), not kept as a buffer that
+    model.to(dtype) would cast."""
     hd = cfg.n_embd // cfg.n_head
     freqs = cfg.rope_theta ** (-torch.arange(0, hd, 2, dtype=torch.float32, device=device) / hd)
     angles = torch.outer(torch.arange(T, dtype=torch.float32, device=device), freqs)   # (T, hd/2)
@@ -282,9 +406,10 @@ def rope_table(cfg, T, device):
 
 
 def apply_rope(x, rope):
-    """RoPE: rotate each pair of adjacent channels (a complex number) by a position-dependent angle.
-    x: (B, T, ..., hd), here q and k together; one complex multiply is the cheapest form on a CPU."""
-    z = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
+    """RoPE: rotate each pair of adjacent channels (a complex number) by a position-dependent
+    angle. x: (B, T, ..., hd), here q and k together; one complex multiply is the cheapest form on
+    a CPU."""
+    z = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))   # (B, T, ..., hd/2) complex
     return torch.view_as_real(z * rope).flatten(-2).to(x.dtype)
 
 
@@ -293,9 +418,10 @@ class Attention(nn.Module):
         super().__init__()
         self.n_head, self.hd = cfg.n_head, cfg.n_embd // cfg.n_head
         d = cfg.n_embd
-        # fused q, k, v; g_attn (or g_q, g_k, g_v under HG) is folded into the weight; DNP normalizes per head
-        self.qkv = ScaledLinear(d, 3 * d, cfg, n_split=3, names=("q", "k", "v"), group=self.hd, head_width=self.hd)
-        self.proj = nn.Linear(d, d, bias=False)   # writes into the residual stream: GPT._init_weights scales its init
+        # fused q, k, v; g_attn (or g_q, g_k, g_v under HG) folded into the weight; DNP per head
+        self.qkv = ScaledLinear(d, 3 * d, cfg, branches=("q", "k", "v"), head=self.hd)
+        # writes into the residual stream: GPT._init_weights scales its init
+        self.proj = nn.Linear(d, d, bias=False)
         self.qk_norm = cfg.qk_norm
         if cfg.qk_norm:   # Gemma 3 / Qwen3: one head-sized vector shared by the heads
             self.q_norm, self.k_norm = OutputNorm(self.hd, cfg), OutputNorm(self.hd, cfg)
@@ -307,7 +433,8 @@ class Attention(nn.Module):
         if self.qk_norm:
             qk = torch.stack((self.q_norm(qk[:, :, 0]), self.k_norm(qk[:, :, 1])), dim=2)
         q, k = apply_rope(qk, rope).unbind(2)
-        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.squeeze(2).transpose(1, 2), is_causal=True)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.squeeze(2).transpose(1, 2)   # (B, H, T, hd)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
 
@@ -315,7 +442,8 @@ class SwiGLU(nn.Module):
     def __init__(self, cfg, hidden, own_g_in=True):
         super().__init__()
         # fused gate and up; g_ffn (or g_gate, g_up under HG) folded in; DNP normalizes each branch
-        self.gate_up = ScaledLinear(cfg.n_embd, 2 * hidden, cfg, n_split=2, names=("gate", "up"), own_g_in=own_g_in)
+        self.gate_up = ScaledLinear(cfg.n_embd, 2 * hidden, cfg, branches=("gate", "up"),
+                                    own_g_in=own_g_in)
         self.down = nn.Linear(hidden, cfg.n_embd, bias=False)   # writes into the residual stream
         self.fast = cfg.kernels
 
@@ -324,75 +452,116 @@ class SwiGLU(nn.Module):
 
 
 class MoE(nn.Module):
-    """Mixture-of-Experts FFN: each token goes through the top-k of E routed SwiGLU experts, weighted by
-    gates renormalized to sum to 1 (k > 1), plus the shared experts; no token is dropped. Router in fp32.
-    Balance: DeepSeek-V3's expert bias (it changes which experts are chosen, not the gates; updated by
-    GPT.update_expert_bias) or the Switch Transformer's auxiliary loss (self.aux_loss, added by GPT).
-    Scale vectors: one Input-Norm vector g_ffn (self.g_in) shared by router and experts; under HG the router
-    and every expert's gate and up own theirs (DESIGN.md); DP and DNP apply per expert.
-    The experts' weights are stacked (E, ...) tensors, so an expert that gets no token still takes part
-    in autograd (a zero gradient) and DDP needs no find_unused_parameters."""
+    """Mixture-of-Experts FFN: each token goes through the top-k of E routed SwiGLU experts,
+    weighted by gates renormalized to sum to 1 (k > 1), plus the shared experts; no token is
+    dropped. Router in fp32. Balance: DeepSeek-V3's expert bias (it changes which experts are
+    chosen, not the gates; update_bias) or the Switch Transformer's auxiliary loss (self.aux_loss,
+    added by GPT). Scale vectors: one Input-Norm vector g_ffn (self.g_in) shared by router and
+    experts; under HG the router and every expert's gate and up own theirs (DESIGN.md); DP and DNP
+    apply per expert. The experts' weights are stacked (E, ...) tensors, so an expert that gets no
+    token still takes part in autograd (a zero gradient) and DDP needs no find_unused_parameters."""
 
     def __init__(self, cfg):
         super().__init__()
         d, E, h, hg = cfg.n_embd, cfg.n_experts, cfg.expert_hidden, cfg.sv_hetero
-        self.E, self.k, self.router_fn, self.balance = E, cfg.n_experts_active, cfg.moe_router, cfg.moe_balance
+        self.E, self.k, self.router_fn = E, cfg.n_experts_active, cfg.moe_router
+        self.balance, self.bias_rate = cfg.moe_balance, cfg.moe_bias_rate
         self.g_in = ScaleVector(1, d, "input", cfg) if cfg.scale_vectors and not hg else None
         self.router = ScaledLinear(d, E, cfg, dual=False, own_g_in=hg)
-        self.experts = ScaledLinear(d, 2 * h, cfg, n_split=2, names=("gate", "up"), n_expert=E, own_g_in=hg)
-        self.down = nn.Parameter(torch.empty(E, d, h))   # (E, d, h); writes into the residual stream (GPT._init_weights)
+        self.experts = ScaledLinear(d, 2 * h, cfg, branches=("gate", "up"), n_expert=E, own_g_in=hg)
+        # (E, d, h); writes into the residual stream (GPT._init_weights)
+        self.down = nn.Parameter(torch.empty(E, d, h))
         self.shared = SwiGLU(cfg, cfg.n_shared_experts * h, own_g_in=hg) if cfg.n_shared_experts else None
         self.register_buffer("expert_bias", torch.zeros(E))   # checkpointed with the weights
-        # assignments per expert since the last update: not a buffer, DDP would overwrite it with rank 0's
+        # assignments per expert since the last update: not a buffer, DDP would overwrite it with
+        # rank 0's
         self.load, self.last_load, self.aux_loss = None, None, None
-        self.impl = None   # "loop" | "grouped" (torch._grouped_mm); None: grouped on CUDA in bf16, else loop
+        # "loop" | "grouped" (torch._grouped_mm); None: grouped on CUDA in bf16, else loop
+        self.impl = None
         self.fast = cfg.kernels
 
     def route(self, x):
-        """x (N, d) -> expert ids (N, k), gates (N, k) that sum to 1 (k > 1), scores (N, E); all in fp32."""
+        """x (N, d) -> expert ids (N, k), gates (N, k) that sum to 1 (k > 1), scores (N, E); all in
+        fp32."""
         with torch.autocast(x.device.type, enabled=False):
             W = self.router.effective_weight(self.g_in() if self.g_in is not None else None)
             logits = F.linear(x.float(), W.float())
         scores = logits.softmax(-1) if self.router_fn == "softmax" else logits.sigmoid()
-        ids = torch.topk(scores + self.expert_bias.float(), self.k, dim=-1).indices   # the bias only chooses
-        gates = scores.gather(-1, ids)   # top-1 keeps its score (Switch): a gate fixed to 1 would not train the router
+        # the bias only chooses
+        ids = torch.topk(scores + self.expert_bias.float(), self.k, dim=-1).indices
+        # top-1 keeps its score (Switch): a gate fixed to 1 would not train the router
+        gates = scores.gather(-1, ids)
         return ids, gates / gates.sum(-1, keepdim=True) if self.k > 1 else gates, scores
 
     def forward(self, xn):
-        x = xn.reshape(-1, xn.size(-1))
+        x = xn.reshape(-1, xn.size(-1))                # (B, T, d) -> (N, d)
         N, k, E = x.size(0), self.k, self.E
         ids, gates, scores = self.route(x)
         g_in = self.g_in() if self.g_in is not None else None
         flat = ids.flatten()                           # N * k assignments, token-major
         order = flat.argsort(stable=True)              # sorted by expert
-        counts = flat.new_zeros(E).scatter_add_(0, flat, torch.ones_like(flat))   # tokens per expert (bincount, static shape)
-        xs, expert = x[order // k], flat[order]        # rows in expert order, and their experts
+        # tokens per expert (bincount, static shape)
+        counts = flat.new_zeros(E).scatter_add_(0, flat, torch.ones_like(flat))
+        xs, expert = x[order // k], flat[order]        # (N * k, d) in expert order, their experts
         W = self.experts.effective_weight(g_in)        # (E, 2h, d): W * (g_out g_in^T) per expert
-        dev = x.device.type
-        dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
-        impl = self.impl or ("grouped" if x.is_cuda and dt == torch.bfloat16 and hasattr(torch, "_grouped_mm") else "loop")
-        if impl == "grouped":   # one grouped GEMM per projection; the groups are the experts' rows
-            offs = counts.cumsum(0).int()
-            mm = lambda a, w: torch._grouped_mm(a.to(dt), w.to(dt).transpose(-2, -1), offs=offs)
-            y = mm(swiglu(self.experts.output_side(mm(xs, W), expert), self.fast), self.down)
-        else:                   # an expert with no token runs on an empty slice
-            y = []
-            for e, (xe, We, De) in enumerate(zip(xs.split(counts.tolist()), W.unbind(), self.down.unbind())):
-                y.append(F.linear(swiglu(self.experts.output_side(F.linear(xe, We), e), self.fast), De))
-            y = torch.cat(y)
-        y = torch.empty_like(y).index_copy_(0, order, y).view(N, k, -1)   # back to token order
+        y = self.run_experts(xs, expert, counts, W)    # (N * k, d) in expert order
+        y = torch.empty_like(y).index_copy_(0, order, y).view(N, k, -1)   # token order: (N, k, d)
         out = (y * gates.unsqueeze(-1)).sum(1)
         if self.shared is not None:
             out = out + self.shared(x, g_in)
         if self.training:
-            self.load = counts.float() if self.load is None else self.load + counts
-            if self.balance == "aux":   # Switch: E * sum_i f_i P_i, f: fraction of assignments, P: mean probability
-                P = (scores / scores.sum(-1, keepdim=True)).mean(0)
-                self.aux_loss = E * (counts.float() / (N * k) * P).sum()
+            self.count(counts, scores)
         return out.view(xn.shape).type_as(xn)
 
+    def run_experts(self, xs, expert, counts, W):
+        """Each expert's SwiGLU on its rows of xs, which are sorted by expert."""
+        dev = xs.device.type
+        dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else xs.dtype
+        impl = self.impl or ("grouped" if xs.is_cuda and dt == torch.bfloat16
+                             and hasattr(torch, "_grouped_mm") else "loop")
+        if impl == "grouped":   # one grouped GEMM per projection; the groups are the experts' rows
+            offs = counts.cumsum(0).int()
+            mm = lambda a, w: torch._grouped_mm(a.to(dt), w.to(dt).transpose(-2, -1), offs=offs)
+            return mm(swiglu(self.experts.output_side(mm(xs, W), expert), self.fast), self.down)
+        y = []                  # an expert with no token runs on an empty slice
+        for e, (xe, We, De) in enumerate(zip(xs.split(counts.tolist()), W.unbind(), self.down.unbind())):
+            h = swiglu(self.experts.output_side(F.linear(xe, We), e), self.fast)
+            y.append(F.linear(h, De))
+        return torch.cat(y)
 
-# ---- the model ----------------------------------------------------------------------------------------------
+    # ---- load balancing: counted in each training forward, applied after each optimizer step ----
+
+    def count(self, counts, scores):
+        self.load = counts.float() if self.load is None else self.load + counts
+        if self.balance == "aux":
+            # Switch: E * sum_i f_i P_i, f: fraction of assignments, P: mean probability
+            N = scores.size(0)
+            P = (scores / scores.sum(-1, keepdim=True)).mean(0)
+            self.aux_loss = self.E * (counts.float() / (N * self.k) * P).sum()
+
+    @torch.no_grad()
+    def update_bias(self, reduce=None):
+        """DeepSeek-V3 (arXiv:2412.19437, 2.1.2): an expert that got more assignments than the mean
+        since the last call is made less likely to be chosen, by bias_rate (moe_balance="bias");
+        records the load for stats() in either mode. `reduce(t)` sums t over processes in place."""
+        if self.load is None:
+            return
+        load, self.load = self.load, None
+        if reduce is not None:
+            reduce(load)
+        self.last_load = load / load.sum().clamp(min=1)
+        if self.balance == "bias":
+            step = torch.sign(load.mean() - load)
+            self.expert_bias += self.bias_rate * (step - step.mean())   # centred: no drift
+
+    def stats(self):
+        """{"load": fraction of the assignments per expert, "cv": std / mean of it} at the last
+        update_bias; cv 0 is a perfect balance."""
+        load = self.last_load
+        return {"load": load.tolist(), "cv": (load.std(unbiased=False) / load.mean()).item()}
+
+
+# ---- the model -----------------------------------------------------------------------------------
 
 class Block(nn.Module):
     def __init__(self, cfg, moe=False):
@@ -412,9 +581,9 @@ class Block(nn.Module):
         return x + (self.mlp_post(h) if self.post_norm else h)
 
 
-# GPT-2 / nanoGPT: the maps that write into the residual stream, attention's output projection and the FFN's
-# down projection (the experts' stacked ones too), start at std 0.02 / sqrt(2 * n_layer), so that the stream's
-# variance does not grow with depth; every other matrix and the embedding at 0.02
+# GPT-2 / nanoGPT: the maps that write into the residual stream, attention's output projection and
+# the FFN's down projection (the experts' stacked ones too), start at std 0.02 / sqrt(2 * n_layer),
+# so that the stream's variance does not grow with depth; every other matrix and the embedding at 0.02
 RESIDUAL_WRITERS = ("attn.proj.weight", ".down.weight", "mlp.down")
 
 
@@ -423,10 +592,12 @@ class GPT(nn.Module):
         super().__init__()
         self.config = cfg = config
         self.wte = nn.Embedding(cfg.padded_vocab, cfg.n_embd)
-        self.blocks = nn.ModuleList(Block(cfg, cfg.n_experts > 0 and i >= cfg.moe_dense_layers) for i in range(cfg.n_layer))
-        # logits = W_head(g_final * Norm(x)). g_final is an Input-Norm vector like g_attn, so the head is a
-        # ScaledLinear: fold_scale_vectors and the decay audit treat it as every other map. The head has far more
-        # rows (the vocabulary) than a micro-batch has tokens, so g_final scales the activations instead of W
+        self.blocks = nn.ModuleList(Block(cfg, cfg.n_experts > 0 and i >= cfg.moe_dense_layers)
+                                    for i in range(cfg.n_layer))
+        # logits = W_head(g_final * Norm(x)). g_final is an Input-Norm vector like g_attn, so the head
+        # is a ScaledLinear: fold_scale_vectors and the decay audit treat it as every other map. The
+        # head has far more rows (the vocabulary) than a micro-batch has tokens, so g_final scales
+        # the activations instead of W
         self.head = ScaledLinear(cfg.n_embd, cfg.padded_vocab, cfg, dual=False, own_g_in=False)
         self.g_final = ScaleVector(1, cfg.n_embd, "input", cfg) if cfg.scale_vectors else None
         if cfg.tie_embeddings:
@@ -434,9 +605,10 @@ class GPT(nn.Module):
         self._init_weights()
 
     def _init_weights(self):
-        """N(0, std) for every matrix and the embedding, std by the parameter's role (RESIDUAL_WRITERS); scale
-        vectors keep their own init. Modules in the order of nn.Module.apply, so a seed gives the same weights
-        as it always has (a tied head draws the embedding again)."""
+        """N(0, std) for every matrix and the embedding, std by the parameter's role
+        (RESIDUAL_WRITERS); scale vectors keep their own init. Modules in the order of
+        nn.Module.apply, so a seed gives the same weights as it always has (a tied head draws the
+        embedding again)."""
         names = {m: n for n, m in self.named_modules()}
 
         def init(m):
@@ -445,8 +617,11 @@ class GPT(nn.Module):
             for pname, p in m.named_parameters(recurse=False):
                 name = f"{names[m]}.{pname}"
                 if p.dim() < 2:
-                    raise ValueError(f"{name} has no init rule: put a scale vector in a ScaleVector, or give it one in GPT._init_weights")
-                std = 0.02 / math.sqrt(2 * self.config.n_layer) if name.endswith(RESIDUAL_WRITERS) else 0.02
+                    raise ValueError(
+                        f"{name} has no init rule: put a scale vector in a ScaleVector, "
+                        "or give it one in GPT._init_weights")
+                residual = name.endswith(RESIDUAL_WRITERS)
+                std = 0.02 / math.sqrt(2 * self.config.n_layer) if residual else 0.02
                 torch.nn.init.normal_(p, mean=0.0, std=std)
         self.apply(init)
 
@@ -465,14 +640,16 @@ class GPT(nn.Module):
         if targets is not None:   # padded rows take part in the softmax and learn to stay low
             loss = cross_entropy(logits.flatten(0, 1), targets.flatten(), c.kernels)
             if self.training and c.n_experts and c.moe_balance == "aux":
-                loss = loss + c.moe_aux_weight * sum(m.aux_loss for m in self.modules() if isinstance(m, MoE))
+                aux = sum(m.aux_loss for m in self.modules() if isinstance(m, MoE))
+                loss = loss + c.moe_aux_weight * aux
         return logits[..., : c.vocab_size], loss
 
-    # ---- scale vectors: classification, telemetry, folding -------------------------------
+    # ---- scale vectors: classification, decay, telemetry, folding ------------------------
 
     def param_classes(self):
-        """name -> class for every parameter, each in exactly one class: 'matrix', 'embedding' (input, untied output),
-        'sv_input' (foldable: an Input-Norm vector or DP's g_out) or 'sv_output' (cannot fold)."""
+        """name -> class for every parameter, each in exactly one class: 'matrix', 'embedding'
+        (input, untied output), 'sv_input' (foldable: an Input-Norm vector or DP's g_out) or
+        'sv_output' (cannot fold)."""
         classes, seen = {}, set()
         for mname, m in self.named_modules():
             for pname, p in m.named_parameters(recurse=False):
@@ -486,54 +663,74 @@ class GPT(nn.Module):
                 elif p.dim() >= 2:
                     cls = "matrix"
                 else:
-                    raise ValueError(f"parameter {mname}.{pname} has no class: add it to GPT.param_classes")
+                    raise ValueError(
+                        f"parameter {mname}.{pname} has no class: add it to GPT.param_classes")
                 classes[f"{mname}.{pname}" if mname else pname] = cls
         return classes
 
     def param_groups(self, weight_decay, sv_weight_decay="none", muon=False):
-        """Optimizer groups, one per class of param_classes() (and optimizer). Matrices and embeddings are
-        decayed; scale vectors by sv_weight_decay: "none", "all", or "iwd" (paper 2.2: only the Input-Norm
-        ones). muon=True: the 2-D hidden matrices go to Muon (torch.optim.Muon takes 2-D tensors only, so
-        the stacked (E, out, in) weights of MoE experts stay on AdamW), everything else to AdamW."""
-        decayed = {"matrix", "embedding"} | {"none": set(), "iwd": {"sv_input"}, "all": {"sv_input", "sv_output"}}[sv_weight_decay]
+        """Optimizer groups, one per class of param_classes() (and optimizer). Matrices and
+        embeddings are decayed; scale vectors as DECAY_POLICIES[sv_weight_decay] says (paper 2.2);
+        a group whose vectors are pulled toward a value other than 0 leaves AdamW's weight_decay at
+        0 and carries its own (decay, toward) for optimizer_step. muon=True: the 2-D hidden matrices
+        go to Muon (torch.optim.Muon takes 2-D tensors only, so the stacked (E, out, in) weights of
+        MoE experts stay on AdamW), everything else to AdamW."""
+        policy = DECAY_POLICIES[sv_weight_decay]
+        decayed = {"matrix", "embedding", *policy.decays}
         classes, params = self.param_classes(), dict(self.named_parameters())
         groups = []
         for cls in ("matrix", "embedding", "sv_input", "sv_output"):
             members = [params[n] for n, c in classes.items() if c == cls]
             to_muon = [p for p in members if muon and cls == "matrix" and p.dim() == 2]
-            for opt, ps in (("muon", to_muon), ("adamw", [p for p in members if not any(p is q for q in to_muon)])):
-                if ps:
-                    groups.append({"params": ps, "name": cls, "optimizer": opt, "weight_decay": weight_decay if cls in decayed else 0.0})
+            to_adamw = [p for p in members if not any(p is q for q in to_muon)]
+            wd = weight_decay if cls in decayed else 0.0
+            toward = policy.toward if cls in policy.decays else 0.0
+            for opt, ps in (("muon", to_muon), ("adamw", to_adamw)):
+                if not ps:
+                    continue
+                groups.append({"params": ps, "name": cls, "optimizer": opt,
+                               "weight_decay": wd if toward == 0 else 0.0})
+                if toward != 0:   # not AdamW's decay: optimizer_step applies it
+                    groups[-1].update(decay=wd, toward=toward)
         grouped = [id(p) for g in groups for p in g["params"]]   # every parameter in exactly one group
         if len(grouped) != len(set(grouped)) or set(grouped) != {id(p) for p in self.parameters()}:
-            raise RuntimeError("optimizer groups do not cover every parameter exactly once: fix GPT.param_classes")
+            raise RuntimeError(
+                "optimizer groups do not cover every parameter exactly once: fix GPT.param_classes")
         return groups
 
     @torch.no_grad()
     def scale_vector_stats(self):
-        """{name: [mean, min, max]} of every effective scale vector (after OR / ER), one entry per row/branch."""
+        """{name: [mean, min, max]} of every effective scale vector (after OR / ER), one entry per
+        row/branch."""
         stats = {}
         for name, m in self.named_modules():
             if isinstance(m, ScaleVector):
                 g = m().float()
                 for i, row in enumerate(g):
-                    key = f"{name}.{m.names[i]}" if m.names and len(g) > 1 else (name if len(g) == 1 else f"{name}.{i}")
+                    if len(g) == 1:
+                        key = name
+                    else:
+                        key = f"{name}.{m.names[i]}" if m.names else f"{name}.{i}"
                     stats[key] = [row.mean().item(), row.min().item(), row.max().item()]
         return stats
 
     @torch.no_grad()
     def fold_scale_vectors(self):
-        """A new, equivalent GPT with scale_vectors=False, in this model's dtype and on its device (paper 2.2:
-        W(g * z) = (W diag(g)) z, so an Input-Norm vector adds no expressivity). Output-Norm vectors cannot fold."""
+        """A new, equivalent GPT with scale_vectors=False, in this model's dtype and on its device
+        (paper 2.2: W(g * z) = (W diag(g)) z, so an Input-Norm vector adds no expressivity).
+        Output-Norm vectors cannot fold."""
         c = self.config
         blockers = [why for on, why in ((c.qk_norm, "qk_norm"), (c.post_norm, "post_norm"),
-                                        (PLACEMENTS[c.sv_placement].norm, f"sv_placement={c.sv_placement!r}")) if on]
+                                        (PLACEMENTS[c.sv_placement].norm,
+                                         f"sv_placement={c.sv_placement!r}")) if on]
         if c.scale_vectors and blockers:
-            raise ValueError(f"cannot fold scale vectors with {', '.join(blockers)}: a Norm, not a linear map, "
-                             "follows those vectors (Output-Norms add expressivity)")
+            raise ValueError(
+                f"cannot fold scale vectors with {', '.join(blockers)}: a Norm, not a linear map, "
+                "follows those vectors (Output-Norms add expressivity)")
         mods = dict(self.named_modules())
-        shared_g_in = {f"{n}.{s}": m.g_in() for n, m in mods.items() if isinstance(m, MoE) and m.g_in is not None
-                       for s in ("router", "experts", "shared.gate_up")}   # an MoE's g_ffn meets these maps
+        shared_g_in = {f"{n}.{s}": m.g_in() for n, m in mods.items()   # an MoE's g_ffn meets these
+                       if isinstance(m, MoE) and m.g_in is not None
+                       for s in ("router", "experts", "shared.gate_up")}
         if self.g_final is not None:
             shared_g_in["head"] = self.g_final()
         state = {}
@@ -541,17 +738,20 @@ class GPT(nn.Module):
             mname, _, pname = key.rpartition(".")
             m = mods[mname]
             if isinstance(m, ScaleVector):
-                continue                                  # folded into the weights of the maps it meets
+                continue                        # folded into the weights of the maps it meets
             if isinstance(m, ScaledLinear) and pname == "weight":
                 state[key] = m.effective_weight(shared_g_in.get(mname)).clone()
-            elif isinstance(m, (nn.Linear, nn.Embedding)) or (isinstance(m, MoE) and pname in ("down", "expert_bias")):
-                state[key] = value.clone()                # no scale vector meets these maps
+            elif isinstance(m, (nn.Linear, nn.Embedding)) or \
+                    (isinstance(m, MoE) and pname in ("down", "expert_bias")):
+                state[key] = value.clone()      # no scale vector meets these maps
             else:
-                raise ValueError(f"fold_scale_vectors does not know how to fold {key}: say in GPT.fold_scale_vectors "
-                                 "which scale vectors meet it (or that none does)")
+                raise ValueError(
+                    f"fold_scale_vectors does not know how to fold {key}: say in "
+                    "GPT.fold_scale_vectors which scale vectors meet it (or that none does)")
         # g_final folds into the head, so a tied head must be untied
-        plain_cfg = replace(c, scale_vectors=False, sv_hetero=False, sv_placement="pre", sv_reparam="none",
-                            sv_dnp_width="full", tie_embeddings=c.tie_embeddings and not c.scale_vectors)
+        plain_cfg = replace(c, scale_vectors=False, sv_hetero=False, sv_placement="pre",
+                            sv_reparam="none", sv_dnp_width="full",
+                            tie_embeddings=c.tie_embeddings and not c.scale_vectors)
         with torch.device("meta"):   # no memory and no random draws: every weight comes from `state`
             plain = GPT(plain_cfg)
         plain.to_empty(device=self.wte.weight.device).to(self.wte.weight.dtype)
@@ -560,29 +760,19 @@ class GPT(nn.Module):
         plain.load_state_dict(state)
         return plain
 
-    # ---- Mixture of Experts: load balancing and telemetry -----------------------------------
+    # ---- Mixture of Experts: load balancing and telemetry (MoE.update_bias, MoE.stats) ------
 
-    @torch.no_grad()
     def update_expert_bias(self, reduce=None):
-        """Call after each optimizer step. DeepSeek-V3 (arXiv:2412.19437, 2.1.2): an expert that got more
-        assignments than the mean since the last call is made less likely to be chosen, by moe_bias_rate
-        (moe_balance="bias"); records the load for moe_stats() in either mode. `reduce(t)` sums t over
+        """Call after each optimizer step: every MoE layer's update_bias. `reduce(t)` sums t over
         processes in place (dist.all_reduce under DDP), so that every process keeps the same bias."""
         for m in self.modules():
-            if isinstance(m, MoE) and m.load is not None:
-                load, m.load = m.load, None
-                if reduce is not None:
-                    reduce(load)
-                m.last_load = load / load.sum().clamp(min=1)
-                if self.config.moe_balance == "bias":
-                    step = torch.sign(load.mean() - load)
-                    m.expert_bias += self.config.moe_bias_rate * (step - step.mean())   # centred: no drift
+            if isinstance(m, MoE):
+                m.update_bias(reduce)
 
     def moe_stats(self):
-        """{MoE layer: {"load": fraction of the assignments per expert, "cv": std / mean of it}}, at the last
-        update_expert_bias; cv 0 is a perfect balance."""
-        return {n: {"load": m.last_load.tolist(), "cv": (m.last_load.std(unbiased=False) / m.last_load.mean()).item()}
-                for n, m in self.named_modules() if isinstance(m, MoE) and m.last_load is not None}
+        """{MoE layer: MoE.stats()} at the last update_expert_bias."""
+        return {n: m.stats() for n, m in self.named_modules()
+                if isinstance(m, MoE) and m.last_load is not None}
 
     # ---- sizes, speed, sampling ------------------------------------------------------------
 
@@ -592,7 +782,8 @@ class GPT(nn.Module):
     def num_active_params(self):
         """Parameters one token uses: all but the E - k routed experts it skips in each MoE layer."""
         c = self.config
-        experts = sum(p.numel() for m in self.modules() if isinstance(m, MoE) for p in (*m.experts.parameters(), m.down))
+        experts = sum(p.numel() for m in self.modules() if isinstance(m, MoE)
+                      for p in (*m.experts.parameters(), m.down))
         return self.num_params() - experts * (c.n_experts - c.n_experts_active) // max(c.n_experts, 1)
 
     def flops_per_token(self):
@@ -603,8 +794,8 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
-        """Sample max_new_tokens after the prompt idx (B, T), feeding back at most block_size tokens;
-        temperature 0: greedy, the most likely token each time."""
+        """Sample max_new_tokens after the prompt idx (B, T), feeding back at most block_size
+        tokens; temperature 0: greedy, the most likely token each time."""
         for _ in range(max_new_tokens):
             logits, _ = self(idx[:, -self.config.block_size:])
             logits = logits[:, -1, :]
@@ -620,19 +811,36 @@ class GPT(nn.Module):
         return idx
 
 
+@torch.no_grad()
+def optimizer_step(optimizers):
+    """One training step: every optimizer's step, then the decay of a policy whose target is not 0
+    (DECAY_POLICIES; the groups that carry `toward`), p -= lr * decay * (p - toward), then zero_grad.
+    train.py calls this and nothing else between backward and the next forward, so no hook can be
+    forgotten or run after the gradients are gone."""
+    for opt in optimizers:
+        opt.step()
+        for group in opt.param_groups:
+            if group.get("toward", 0) != 0:
+                for p in group["params"]:
+                    p.sub_(group["lr"] * group["decay"] * (p - group["toward"]))
+        opt.zero_grad(set_to_none=True)
+
+
 def default_device():
     """cuda, then mps, then cpu: what train.py, sample.py and bench.py use unless told otherwise."""
     return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
 
 
-# Peak dense bf16 FLOP/s (no sparsity) of common GPUs, for MFU. Their TF32 peak, which float32 runs get
-# (train.py allows TF32 matmuls), is half of it on every GPU of the table (Ampere, Ada, Hopper).
-GPU_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "A10G": 125e12, "L4": 121e12, "4090": 165e12}
+# Peak dense bf16 FLOP/s (no sparsity) of common GPUs, for MFU. Their TF32 peak, which float32 runs
+# get (train.py allows TF32 matmuls), is half of it on every GPU of the table (Ampere, Ada, Hopper).
+GPU_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "A10G": 125e12, "L4": 121e12,
+                  "4090": 165e12}
 
 
 def peak_flops(device, dtype=torch.bfloat16):
-    """Peak FLOP/s of `device` for matmuls in `dtype` (bf16/fp16, or fp32 through TF32), for MFU; None where it
-    is not known: a CPU (its peak depends on the cores free and the instructions used) or a GPU not in the table."""
+    """Peak FLOP/s of `device` for matmuls in `dtype` (bf16/fp16, or fp32 through TF32), for MFU;
+    None where it is not known: a CPU (its peak depends on the cores free and the instructions
+    used) or a GPU not in the table."""
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)

@@ -27,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import checkpoint
 from configurator import TRAIN_RULES, ConfigError, check_device, configure
-from model import GPT, GPTConfig, default_device, peak_flops
+from model import GPT, GPTConfig, default_device, optimizer_step, peak_flops
 from prepare_data import load_meta
 
 # -----------------------------------------------------------------------------
@@ -53,7 +53,7 @@ muon_lr = 0.0              # 0: learning_rate (Muon's update is scaled to AdamW'
 muon_momentum = 0.95
 max_iters = 5000
 weight_decay = 0.1         # on matrices and embeddings
-sv_weight_decay = "none"   # which scale vectors get weight_decay: "none" | "all" | "iwd" (Input-Norm only)
+sv_weight_decay = "none"   # which scale vectors get weight_decay: a key of model.DECAY_POLICIES
 beta1 = 0.9
 beta2 = 0.95
 grad_clip = 1.0            # 0 disables
@@ -400,9 +400,7 @@ while True:
             loss.backward()
         step_loss += loss.detach()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf"))
-    for opt in optimizers:
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    optimizer_step(optimizers)   # the steps, a decay policy's own pull (model.DECAY_POLICIES), zero_grad
     raw_model.update_expert_bias(reduce=dist.all_reduce if ddp else None)   # MoE load balancing; else a no-op
     iter_num += 1
     timed_steps += 1

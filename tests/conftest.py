@@ -1,11 +1,8 @@
 import os
-import sys
 
 import pytest
 
-# the tests import the project's modules (model, prepare_data, ...) from the repo root
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from helpers import ROOT   # and the repo root on sys.path, for the project's modules
 
 
 @pytest.fixture(scope="session")

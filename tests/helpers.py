@@ -1,5 +1,6 @@
-"""What several test modules share: tiny configs, the variant list, the one weight-decay rule, and running
-train.py in a subprocess. Test modules import from here, never from each other."""
+"""What several test modules share: the one ROOT, the one tiny config, the named variants read from
+model.VARIANTS, the one weight-decay rule, and running train.py in a subprocess. Test modules import
+from here, never from each other."""
 import json
 import os
 import re
@@ -8,24 +9,32 @@ import sys
 
 import torch
 
-from model import GPT, GPTConfig, ScaleVector
-
+# the tests import the project's modules (model, prepare_data, ...) from the repo root
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import model as model_py  # noqa: E402
+from model import GPT, GPTConfig, ScaleVector  # noqa: E402
 
 # ---- models ------------------------------------------------------------------------------------------------
 TINY = dict(block_size=16, vocab_size=50, vocab_pad=8, n_layer=2, n_head=2, n_embd=32)
 MOE = dict(n_experts=4, n_experts_active=2, n_shared_experts=1, moe_hidden=32)
-VARIANTS = {
-    "baseline": {},
-    "noscale": dict(scale_vectors=False),
-    "hetero": dict(sv_hetero=True),
-    "dp": dict(sv_placement="dp"),
-    "dnp": dict(sv_placement="dnp"),
-    "or": dict(sv_reparam="or"),
-    "er": dict(sv_reparam="er"),
-    "unified": dict(sv_hetero=True, sv_placement="dnp", sv_reparam="or"),
-    "gemma": dict(qk_norm=True, post_norm=True),
-}
+
+
+def model_flags(flags):
+    """A named variant's GPTConfig flags: all but train.py's sv_weight_decay."""
+    return {k: v for k, v in flags.items() if k != "sv_weight_decay"}
+
+
+# model.VARIANTS as models: one name per distinct set of GPTConfig flags (gemma_none, _iwd and _all are
+# one model), plus "moe" and "moe_unified"
+VARIANTS = {}
+for _name, _flags in model_py.VARIANTS.items():
+    if model_flags(_flags) not in VARIANTS.values():
+        VARIANTS[_name.replace("_none", "")] = model_flags(_flags)
+VARIANTS["moe"] = dict(MOE, moe_dense_layers=1)
+VARIANTS["moe_unified"] = dict(MOE, **VARIANTS["unified"])
 
 
 def make(seed=0, **kw):
@@ -49,16 +58,26 @@ def randomize_scale_vectors(model, seed=2):
                     p.add_(0.5 * torch.randn(p.shape, generator=g))
 
 
+def vector_kind(name, placement):
+    """DESIGN.md's classes, read off a parameter's name and the placement's table entry (not off
+    ScaleVector.kind): "matrix" (matrices and embeddings), "input" (a vector that folds into a linear
+    map: every g_in, g_final, MoE's g_ffn, an 'input' g_out) or "output" (after a Norm: qk_norm,
+    post_norm, an 'output' g_out)."""
+    if not re.search(r"(^|\.)(g_in|g_final|g_out|q_norm|k_norm|attn_post|mlp_post)\.", name):
+        return "matrix"
+    if ".g_out." in name:
+        return model_py.PLACEMENTS[placement].g_out
+    if re.search(r"(^|\.)(g_in|g_final)\.", name):
+        return "input"
+    assert re.search(r"(q_norm|k_norm|attn_post|mlp_post)\.g\.", name), name
+    return "output"
+
+
 def expected_decay(name, placement, policy):
-    """DESIGN.md's weight-decay rules, read off a parameter's name (not off ScaleVector.kind): is it decayed?
-    Matrices and embeddings always; a vector that folds into a linear map (every g_in, g_final, DP's g_out)
-    under "iwd" and "all"; one after a Norm (qk_norm, post_norm, DNP's g_out) under "all" only."""
-    if not re.search(r"\.(g|alpha|beta)$", name):
-        return True
-    if re.search(r"(^|\.)(g_in|g_final)\.", name) or (placement == "dp" and ".g_out." in name):
-        return policy in ("iwd", "all")
-    assert re.search(r"(q_norm|k_norm|attn_post|mlp_post)\.g\.", name) or (placement == "dnp" and ".g_out." in name), name
-    return policy == "all"
+    """Is the parameter decayed? Matrices and embeddings always; a vector as the policy's entry says of
+    its class (DESIGN.md, "Weight decay on scale vectors")."""
+    kind = vector_kind(name, placement)
+    return kind == "matrix" or f"sv_{kind}" in model_py.DECAY_POLICIES[policy].decays
 
 
 # ---- train.py in a subprocess --------------------------------------------------------------------------------
@@ -68,12 +87,21 @@ TINY_MODEL = ["--dataset=tiny", "--n_layer=2", "--n_head=2", "--n_embd=32", "--b
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
-def train(wd, *args, launcher=(sys.executable,), check=True):
+def start(wd, *args, launcher=(sys.executable,)):
+    """train.py on the tiny model in `wd`, started; finish(p) waits for it."""
     cmd = [*launcher, os.path.join(ROOT, "train.py"), *TINY_MODEL, *args]
-    p = subprocess.run(cmd, cwd=wd, env=ENV, capture_output=True, text=True, timeout=300)
+    return subprocess.Popen(cmd, cwd=wd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(p, check=True):
+    out, err = p.communicate(timeout=300)
     if check and p.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed:\n{p.stdout}\n{p.stderr}")
-    return p
+        raise AssertionError(f"{' '.join(p.args)} failed:\n{out}\n{err}")
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def train(wd, *args, launcher=(sys.executable,), check=True):
+    return finish(start(wd, *args, launcher=launcher), check)
 
 
 def records(wd, out_dir, kind):

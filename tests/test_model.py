@@ -1,6 +1,6 @@
-"""The model: shapes, size, causality, init, the variant tables, and the exact properties of the scale-vector
-variants that DESIGN.md lists ("Properties a test can check exactly")."""
-import itertools
+"""The model: shapes, size, causality, init, and the exact properties of single scale-vector variants
+(DNP's formula, its widths, OR's eps). The properties that hold for every variant are in
+test_variant_tables.py, parametrized over the tables."""
 import math
 
 import pytest
@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import model as model_py
-from helpers import MOE, TINY, VARIANTS, expected_decay, make, randomize_scale_vectors, tokens
+from helpers import MOE, TINY, VARIANTS, make, randomize_scale_vectors, tokens
 from model import GPT, GPTConfig, Placement, ScaledLinear, ScaleVector
 
 
@@ -83,45 +83,10 @@ def test_function_at_init_versus_baseline(name, same):
     assert torch.allclose(base, variant, atol=1e-5) == same
 
 
-FOLDABLE = [dict(sv_hetero=h, sv_placement=p, sv_reparam=r, tie_embeddings=t)
-            for h, p, r, t in itertools.product([False, True], ["pre", "dp"], ["none", "or", "er"], [True, False])]
-
-
-@pytest.mark.parametrize("kw", FOLDABLE, ids=lambda kw: "-".join(str(v) for v in kw.values()))
-def test_folding_reproduces_logits_and_loss(kw):
-    """Paper 2.2: an Input-Norm vector adds no expressivity; fold_scale_vectors makes that executable."""
-    model = make(**kw)
-    randomize_scale_vectors(model)
-    plain = model.fold_scale_vectors()
-    assert plain.config.scale_vectors is False and not plain.config.tie_embeddings
-    assert not any(isinstance(m, ScaleVector) for m in plain.modules())
-    idx = tokens()
-    logits, loss = model(idx, idx)
-    plain_logits, plain_loss = plain(idx, idx)
-    assert not torch.allclose(logits, make(**kw)(idx)[0], atol=1e-3)   # the vectors did change the function
-    assert torch.allclose(logits, plain_logits, atol=2e-5, rtol=1e-4)
-    assert abs(loss.item() - plain_loss.item()) < 1e-5
-
-
 @pytest.mark.parametrize("name", ["dnp", "gemma", "unified"])
 def test_folding_refuses_output_norm_vectors(name):
     with pytest.raises(ValueError, match="cannot fold"):
         make(**VARIANTS[name]).fold_scale_vectors()
-
-
-@pytest.mark.parametrize("policy", ["none", "all", "iwd"])
-@pytest.mark.parametrize("kw", [dict(qk_norm=True, post_norm=True, sv_reparam="or"), dict(sv_placement="dp", sv_hetero=True),
-                                dict(sv_placement="dnp", post_norm=True, sv_reparam="er"), VARIANTS["unified"],
-                                dict(sv_placement="dnp", sv_dnp_width="head", sv_reparam="or")])
-def test_weight_decay_groups_follow_the_rules(policy, kw):
-    model = make(**kw)
-    names = {id(p): n for n, p in model.named_parameters()}
-    groups = model.param_groups(0.1, policy)
-    seen = [names[id(p)] for g in groups for p in g["params"]]
-    assert sorted(seen) == sorted(names.values())   # each parameter exactly once
-    for g in groups:
-        for p in g["params"]:
-            assert (g["weight_decay"] > 0) == expected_decay(names[id(p)], kw.get("sv_placement", "pre"), policy), names[id(p)]
 
 
 def effective_update(lr=0.5, **kw):
@@ -170,17 +135,6 @@ def test_scale_vector_preconditions_columns():
     assert not torch.allclose(delta, G, rtol=1e-2, atol=1e-2 * G.abs().max().item())   # not plain SGD
 
 
-def test_variants_share_the_initial_weights_of_the_baseline():
-    """A seed fixes every weight the variants share, so variants are compared like with like."""
-    base = make(seed=3).state_dict()
-    for name, kw in VARIANTS.items():
-        model = make(seed=3, **kw)
-        variant = model.state_dict()
-        for k, cls in model.param_classes().items():
-            if cls in ("matrix", "embedding"):
-                assert torch.equal(base[k], variant[k]), (name, k)
-
-
 def test_scale_vector_stats_names_each_branch():
     stats = make(**VARIANTS["unified"]).scale_vector_stats()
     assert {"blocks.0.attn.qkv.g_in.q", "blocks.0.attn.qkv.g_in.k", "blocks.0.attn.qkv.g_in.v",
@@ -202,7 +156,7 @@ def test_temperature_zero_is_greedy():
     assert torch.equal(out, model.generate(prompt, max_new_tokens=3, temperature=0))
 
 
-# ---- init: pinned, keyed on the parameter's role ------------------------------------------------------------------
+# ---- init: pinned, keyed on the parameter's role -------------------------------------------------
 
 def test_the_baseline_initial_weights_are_pinned():
     """Seed 0 gives these weights, computed once from main at commit 468b039 (before model.py was reordered): a
@@ -245,7 +199,7 @@ def test_a_vector_outside_a_scale_vector_has_no_init_rule():
         model._init_weights()
 
 
-# ---- the variant tables ---------------------------------------------------------------------------------------------
+# ---- a table entry ScaledLinear cannot build -----------------------------------------------------
 
 @pytest.mark.parametrize("entry", [Placement(g_out="output", norm=False), Placement(g_out="input", norm=True),
                                    Placement(g_out="sideways", norm=False)])
@@ -258,43 +212,7 @@ def test_a_placement_the_model_cannot_apply_is_refused(monkeypatch, entry):
         GPTConfig(**TINY, sv_placement="xp")
 
 
-def test_a_new_placement_or_reparameterization_is_one_table_entry(monkeypatch):
-    """An entry is all it takes: "dp2" (DP's entry) builds DP exactly; "sq" (g = alpha^2) trains its alpha."""
-    monkeypatch.setitem(model_py.PLACEMENTS, "dp2", model_py.PLACEMENTS["dp"])
-    monkeypatch.setitem(model_py.REPARAMS, "sq", model_py.Reparam(init=dict(alpha=1.0), g=lambda sv: sv.alpha ** 2))
-    for kw in (dict(sv_placement="dp2"), dict(sv_reparam="sq")):
-        model = make(**kw)
-        randomize_scale_vectors(model)
-        model(tokens(), tokens(seed=5))[1].backward()
-        for n, p in model.named_parameters():
-            assert p.grad is not None and p.grad.abs().max() > 0, n
-    dp, dp2 = make(sv_placement="dp"), make(sv_placement="dp2")
-    for m in (dp, dp2):
-        randomize_scale_vectors(m)
-    assert torch.equal(dp(tokens())[0], dp2(tokens())[0])
-    assert torch.allclose(dp2.fold_scale_vectors()(tokens())[0], dp2(tokens())[0], atol=2e-5)
-
-
-NO_INERT = {**VARIANTS, "dnp-head": dict(sv_placement="dnp", sv_dnp_width="head"),
-            "moe": dict(n_experts=4, n_shared_experts=1, moe_dense_layers=1),
-            "moe-unified": dict(n_experts=4, n_shared_experts=1, **VARIANTS["unified"]),
-            "moe-dp-er": dict(n_experts=4, n_shared_experts=1, sv_placement="dp", sv_reparam="er"),
-            "moe-dnp-head": dict(n_experts=4, n_shared_experts=1, sv_placement="dnp", sv_dnp_width="head")}
-
-
-@pytest.mark.parametrize("name", list(NO_INERT))
-def test_every_scale_vector_moves_the_loss(name):
-    """No flag is inert: at init, every parameter of every scale vector (qkv, gate/up, router, experts, shared
-    expert, MoE's g_ffn, g_final, qk_norm, post_norm; plain, OR, ER) gets a gradient that is not zero."""
-    model = make(**NO_INERT[name])
-    model(tokens(), tokens(seed=5))[1].backward()
-    vectors = {f"{n}.{pn}": p for n, m in model.named_modules() if isinstance(m, ScaleVector) for pn, p in m.named_parameters()}
-    assert bool(vectors) == model.config.scale_vectors
-    for n, p in vectors.items():
-        assert p.grad is not None and p.grad.abs().max() > 0, n
-
-
-# ---- DNP, dense, written out -----------------------------------------------------------------------------------------
+# ---- DNP, dense, written out ---------------------------------------------------------------------
 
 def rms(z, eps=1e-6):
     return z / torch.sqrt(z.pow(2).mean(-1, keepdim=True) + eps)
@@ -343,7 +261,7 @@ def test_dnp_novec_is_dnp_with_its_output_vector_frozen_at_one(moe):
         torch.testing.assert_close(grads[n].grad, p.grad, atol=0, rtol=0, msg=n)
 
 
-# ---- sv_dnp_width (issue 14) ------------------------------------------------------------------------------------------
+# ---- the width of DNP's g_out --------------------------------------------------------------------
 
 @pytest.mark.parametrize("moe", [False, True])
 def test_dnp_head_width_parameter_count(moe):
@@ -379,7 +297,7 @@ def test_dnp_width_is_validated_through_the_placement_table():
     assert classes["blocks.0.attn.qkv.g_out.g"] == classes["blocks.0.mlp.gate_up.g_out.g"] == "sv_output"   # after a Norm
 
 
-# ---- traps found by an independent check --------------------------------------------------------------------------
+# ---- dtype, folding and OR details ---------------------------------------------------------------
 
 def test_a_dtype_cast_keeps_rope_exact():
     """model.to(dtype) cast the complex RoPE buffer to a real one, keeping only cos: logits moved by 5e-4 in float64

@@ -219,23 +219,6 @@ def test_config_errors_name_the_field():
             GPTConfig(**kw)
 
 
-FOLDABLE = [dict(sv_hetero=h, sv_placement=p, sv_reparam=r) for h in (False, True) for p in ("pre", "dp") for r in ("none", "or", "er")]
-
-
-@pytest.mark.parametrize("kw", FOLDABLE, ids=lambda kw: "-".join(str(v) for v in kw.values()))
-def test_folding_an_moe_model_reproduces_the_logits(kw):
-    model = make(**MOE, moe_dense_layers=1, **kw)
-    randomize_scale_vectors(model)
-    with torch.no_grad():
-        model.blocks[1].mlp.expert_bias.normal_(0, 0.05)
-    plain = model.fold_scale_vectors()
-    assert not any(isinstance(m, ScaleVector) for m in plain.modules()) and isinstance(plain.blocks[1].mlp, MoE)
-    idx = tokens()
-    logits = model(idx)[0]
-    assert not torch.allclose(logits, make(**MOE, moe_dense_layers=1, **kw)(idx)[0], atol=1e-3)
-    assert torch.allclose(logits, plain(idx)[0], atol=2e-5, rtol=1e-4)
-
-
 @pytest.mark.parametrize("policy", ["none", "iwd"])
 @pytest.mark.parametrize("kw", [dict(), dict(sv_placement="dp", sv_hetero=True, sv_reparam="or"), VARIANTS["unified"]])
 def test_weight_decay_groups_classify_the_moe_vectors(policy, kw):

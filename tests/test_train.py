@@ -1,12 +1,13 @@
 """train.py end to end, as a user runs it: in subprocesses, on a tiny corpus made in tmp_path."""
 import json
+import os
 import shutil
 import sys
 
 import pytest
 import torch
 
-from helpers import final_state, records, train
+from helpers import ROOT, final_state, finish, model_py, records, start, train
 
 
 @pytest.mark.slow
@@ -85,3 +86,71 @@ def test_bad_input_is_one_sentence_and_leaves_the_existing_run_as_it_was(workdir
     last = p.stderr.strip().splitlines()[-1]
     assert message in last and "Traceback" not in p.stderr, p.stderr
     assert snapshot(existing_run) == before
+
+
+# ---- the pinned run: what training does, against committed numbers --------------------------------
+# Two runs of train.py (the baseline, and unified with its weight decay) for PINNED_STEPS steps on a
+# fixed seed; their losses at every step and a checksum of their final weights are compared with
+# tests/pinned_run.json. Any change to the step, the schedule, the init or the data order moves them.
+# Tolerance: relative 1e-4. The same code on another CPU (another vector width or thread count)
+# rounds float32 sums in another order, which moves these numbers by ~1e-6 after 30 steps; the
+# smallest change this must catch, a 0.1% pull on the weights per step, moves the checksum by ~3%.
+# Updating the numbers is a deliberate act: `python tests/test_train.py --repin`, and say why in the
+# commit message.
+PINNED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pinned_run.json")
+PINNED_STEPS = 30
+PINNED_RUNS = {"baseline": [], "unified": [f"--{k}={v}" for k, v in model_py.VARIANTS["unified"].items()]}
+
+
+def pinned_args(out):
+    return [f"--out_dir={out}", f"--max_iters={PINNED_STEPS}", f"--eval_interval={PINNED_STEPS}",
+            "--seed=7"]
+
+
+def checksum(state):
+    """The sum of squares of each weight, in float64: positive, so a relative tolerance means the same
+    for every tensor, and one that moved is named."""
+    return {k: v.double().pow(2).sum().item() for k, v in state.items()}
+
+
+def pinned_numbers(wd):
+    """{run: {"losses": [...], "weights": checksum}}, the runs started together (two cores)."""
+    procs = {name: start(wd, *pinned_args(f"out_pin_{name}"), *args) for name, args in PINNED_RUNS.items()}
+    numbers = {}
+    for name, p in procs.items():
+        finish(p)
+        losses = [r["loss"] for r in records(wd, f"out_pin_{name}", "train")]
+        numbers[name] = {"losses": losses, "weights": checksum(final_state(wd, f"out_pin_{name}")["model"])}
+    return numbers
+
+
+def test_training_matches_the_pinned_run(workdir):
+    with open(PINNED) as f:
+        pinned = json.load(f)
+    if pinned["torch"] != torch.__version__:
+        pytest.skip(f"the pinned numbers were computed with torch {pinned['torch']}, this is {torch.__version__}: "
+                    "repin with `python tests/test_train.py --repin` if this version is the new reference")
+    got = pinned_numbers(workdir)
+    for name, want in pinned["runs"].items():
+        assert len(got[name]["losses"]) == PINNED_STEPS, name
+        assert got[name]["losses"] == pytest.approx(want["losses"], rel=1e-4), f"{name}: the losses moved"
+        assert got[name]["weights"].keys() == want["weights"].keys(), f"{name}: other weights"
+        for k, v in want["weights"].items():
+            assert got[name]["weights"][k] == pytest.approx(v, rel=1e-4), f"{name}: the final {k} moved"
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--repin"]:
+    import tempfile
+    from pathlib import Path
+    import prepare_data
+    with tempfile.TemporaryDirectory() as tmp:
+        wd = Path(tmp)
+        (wd / "tiny.txt").write_text(open(os.path.join(ROOT, "data", "raw", "tinyshakespeare.txt"),
+                                          encoding="utf-8").read()[:20000], encoding="utf-8")
+        prepare_data.main(["text", "--input", str(wd / "tiny.txt"), "--name", "tiny", "--tokenizer", "char",
+                           "--out_dir", str(wd / "data" / "tiny")])
+        runs = pinned_numbers(wd)
+    with open(PINNED, "w") as f:
+        json.dump({"torch": torch.__version__, "steps": PINNED_STEPS, "runs": runs}, f, indent=1)
+        f.write("\n")
+    print(f"wrote {PINNED}")
