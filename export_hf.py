@@ -35,6 +35,7 @@ import torch
 import checkpoint
 from configurator import ConfigError, configure
 from model import GPT
+from tokens import EOT, gpt2_encoding, load_meta   # gpt2_encoding checks the vendored file's sha256
 
 out_dir = "out"         # the run: its newest complete checkpoint is exported
 to = ""                 # the folder to write (replaced as a whole if it exists)
@@ -164,7 +165,6 @@ def gpt2_vocab_merges():
     """(vocab, merges) of GPT-2's BPE in the format of vocab.json / merges.txt. The ranks file holds only
     the merged tokens, in merge order; the merge that made token t (rank r) is the pair of pieces that
     byte-pair merging of t with the ranks below r stops at (as tiktoken's educational bpe does)."""
-    from prepare_data import EOT, gpt2_encoding   # checks the vendored file's sha256
     enc = gpt2_encoding()
     ranks = {enc.decode_single_token_bytes(r): r for r in range(EOT)}
     show = _bytes_to_unicode()
@@ -260,7 +260,6 @@ def tokenizer_of(ckpt):
     path = os.path.join("data", str(dataset), "meta.json")
     if not dataset or not os.path.isfile(path):
         return None
-    from prepare_data import load_meta   # a corrupt meta.json is one sentence there
     return load_meta(os.path.dirname(path))["tokenizer"]
 
 

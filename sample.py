@@ -14,7 +14,7 @@ import torch
 import checkpoint
 from configurator import SAMPLE_RULES, ConfigError, check_device, configure
 from model import default_device
-from prepare_data import get_tokenizer, load_meta
+from tokens import get_tokenizer, load_meta
 
 out_dir = "out"
 start = "\n"            # the prompt, or FILE:path to read it from a file

@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import checkpoint
 from configurator import TRAIN_RULES, ConfigError, check_device, configure
 from model import GPT, GPTConfig, default_device, peak_flops
-from prepare_data import load_meta
+from tokens import load_meta
 
 # -----------------------------------------------------------------------------
 # I/O

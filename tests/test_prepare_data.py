@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import prepare_data
+import tokens
 
 EOT = 50256
 TEXT = "First Citizen:\nBefore we proceed, hear me speak.\n\nAll:\nSpeak, speak. Ünïcödé — 你好 🙂\r\n\ttabs\n" * 20
@@ -44,46 +45,46 @@ def snapshot(d):
 # --- tokenizers ----------------------------------------------------------------
 
 def test_gpt2_matches_gpt2():
-    assert prepare_data.gpt2_encoding().encode_ordinary("Hello world") == [15496, 995]
-    encode, _ = prepare_data.get_tokenizer({"tokenizer": "gpt2"})
+    assert tokens.gpt2_encoding().encode_ordinary("Hello world") == [15496, 995]
+    encode, _ = tokens.get_tokenizer({"tokenizer": "gpt2"})
     assert encode("Hello world") == [15496, 995]
-    assert prepare_data.gpt2_encoding().n_vocab == 50257
+    assert tokens.gpt2_encoding().n_vocab == 50257
 
 
 @pytest.mark.parametrize("tokenizer", ["char", "gpt2"])
 def test_roundtrip(tokenizer):
     meta = {"tokenizer": tokenizer, "chars": "".join(sorted(set(TEXT)))}
-    encode, decode = prepare_data.get_tokenizer(meta)
+    encode, decode = tokens.get_tokenizer(meta)
     ids = encode(TEXT)
     assert decode(ids) == TEXT
     assert len(ids) < len(TEXT) if tokenizer == "gpt2" else len(ids) == len(TEXT)
 
 
 def test_char_encode_unknown_character():
-    encode, _ = prepare_data.get_tokenizer({"tokenizer": "char", "chars": "ab"})
+    encode, _ = tokens.get_tokenizer({"tokenizer": "char", "chars": "ab"})
     with pytest.raises(ValueError, match="'z'"):
         encode("abz")
 
 
 def test_gpt2_ranks_wrong_hash_or_missing(tmp_path):
     bad = tmp_path / "gpt2.tiktoken"
-    data = bytearray(prepare_data.GPT2_RANKS.read_bytes())
+    data = bytearray(tokens.GPT2_RANKS.read_bytes())
     data[100] ^= 1
     bad.write_bytes(bytes(data))
     with pytest.raises(SystemExit) as e:
-        prepare_data.gpt2_encoding(bad)
+        tokens.gpt2_encoding(bad)
     assert str(bad) in error_of(e) and "sha256" in error_of(e)
     with pytest.raises(SystemExit) as e:
-        prepare_data.gpt2_encoding(tmp_path / "gone.tiktoken")
+        tokens.gpt2_encoding(tmp_path / "gone.tiktoken")
     assert "gone.tiktoken" in error_of(e) and "missing" in error_of(e)
 
 
 def test_load_meta_missing_names_the_command(tmp_path):
     with pytest.raises(SystemExit) as e:
-        prepare_data.load_meta(tmp_path / "shakespeare_char")
+        tokens.load_meta(tmp_path / "shakespeare_char")
     assert "python prepare_data.py shakespeare_char" in error_of(e)
     with pytest.raises(SystemExit) as e:
-        prepare_data.load_meta(tmp_path / "mybook")
+        tokens.load_meta(tmp_path / "mybook")
     assert "text --input FILE --name mybook" in error_of(e)
 
 
@@ -94,7 +95,7 @@ def test_chunked_gpt2_encoding_equals_whole():
     text = prepare_data.SHAKESPEARE.read_text()[:200_000] + noise
     chunks = list(prepare_data.text_chunks(text, size=5_000))
     assert len(chunks) > 50 and "".join(chunks) == text
-    enc = prepare_data.gpt2_encoding()
+    enc = tokens.gpt2_encoding()
     assert [t for c in chunks for t in enc.encode_ordinary(c)] == enc.encode_ordinary(text)
 
 
@@ -115,7 +116,7 @@ def test_uint16_overflow_is_an_error(tmp_path):
 def test_text_bins_decode_to_train_and_val_text(tmp_path, tokenizer):
     out = prepare(tmp_path, TEXT, tokenizer)
     meta, train, val = read_set(out)
-    _, decode = prepare_data.get_tokenizer(meta)
+    _, decode = tokens.get_tokenizer(meta)
     n = int(len(TEXT) * 0.9)
     assert decode(train.tolist()) == TEXT[:n] and decode(val.tolist()) == TEXT[n:]
     assert (meta["train_tokens"], meta["val_tokens"]) == (len(train), len(val))
@@ -183,7 +184,7 @@ def test_crash_before_meta_never_pairs_old_meta_with_new_bins(tmp_path, monkeypa
     assert not (out / "meta.json").exists()  # the set is marked incomplete
     prepare(tmp_path, TEXT)  # so this rebuilds instead of trusting sizes
     meta, train, val = read_set(out)
-    assert prepare_data.get_tokenizer(meta)[1](train.tolist() + val.tolist()) == TEXT
+    assert tokens.get_tokenizer(meta)[1](train.tolist() + val.tolist()) == TEXT
 
 
 def test_shakespeare_char(tmp_path):
@@ -210,7 +211,7 @@ DOCS = ["doc one", "the second document, a bit longer", "doc three\nwith a newli
 
 
 def stream_of(docs):
-    enc = prepare_data.gpt2_encoding()
+    enc = tokens.gpt2_encoding()
     return [t for d in docs for t in [EOT] + enc.encode_ordinary(d)]
 
 
@@ -316,7 +317,7 @@ def test_fineweb_from_local_shards_offline_decodes_to_the_documents(tmp_path, mo
             "--num_proc", "2", "--out_dir", str(out)]
     prepare_data.main(args)
     meta, train, val = read_set(out)
-    _, decode = prepare_data.get_tokenizer(meta)
+    _, decode = tokens.get_tokenizer(meta)
     assert decode(val.tolist() + train.tolist()) == "".join("<|endoftext|>" + d for d in docs)   # shards in order
     assert len(val) == meta["val_tokens"] == 100 and meta["train_tokens"] == len(train)
     assert meta["source"] == f"local {'parquet' if fmt == 'parquet' else 'json'} files: {shards}/*.{fmt}"
