@@ -35,7 +35,7 @@ import torch
 import checkpoint
 from configurator import ConfigError, configure
 from model import GPT
-from tokens import EOT, gpt2_encoding, load_meta   # gpt2_encoding checks the vendored file's sha256
+from tokens import EOT, dataset_dir, gpt2_encoding, load_meta   # gpt2_encoding checks the vendored file's sha256
 
 out_dir = "out"         # the run: its newest complete checkpoint is exported
 to = ""                 # the folder to write (replaced as a whole if it exists)
@@ -257,10 +257,9 @@ def compare(model, folder, n_tokens=64, seed=0):
 def tokenizer_of(ckpt):
     """'gpt2', 'char' or None (unknown): the tokenizer the run's data was prepared with."""
     dataset = ckpt.get("config", {}).get("dataset")
-    path = os.path.join("data", str(dataset), "meta.json")
-    if not dataset or not os.path.isfile(path):
+    if not dataset or not os.path.isfile(dataset_dir(str(dataset)) / "meta.json"):
         return None
-    return load_meta(os.path.dirname(path))["tokenizer"]
+    return load_meta(dataset_dir(str(dataset)))["tokenizer"]
 
 
 def main(argv):

@@ -1,5 +1,6 @@
 """
-Turn text into token files for training: data/<name>/{train.bin, val.bin, meta.json}.
+Turn text into token files for training: data/<name>/{train.bin, val.bin, meta.json}, under the
+working directory (where train.py looks: tokens.dataset_dir).
 train.bin and val.bin are raw numpy uint16 token ids (as in nanoGPT); meta.json is written
 last and marks the set complete. A re-run with the same source and settings does nothing.
 
@@ -30,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from configurator import DATASET
-from tokens import EOT, ROOT, get_tokenizer, gpt2_encoding
+from tokens import EOT, ROOT, dataset_dir, get_tokenizer, gpt2_encoding
 
 SHAKESPEARE = ROOT / "data/raw/tinyshakespeare.txt"
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
@@ -328,7 +329,7 @@ def main(argv=None):
     args = p.parse_args(argv)
 
     name = getattr(args, "name", None) or args.command
-    out_dir = Path(args.out_dir) if args.out_dir else ROOT / "data" / name
+    out_dir = Path(args.out_dir) if args.out_dir else dataset_dir(name)   # where train.py looks
     if out_dir.exists() and not out_dir.is_dir():
         raise SystemExit(f"error: --out_dir {out_dir} is a file, not a folder: pick another --out_dir")
     if args.command == "fineweb_edu":

@@ -6,7 +6,6 @@ Sample from a trained model: the newest complete checkpoint of out_dir.
 
 Config files given as arguments are Python and are executed, as in train.py: run only those you trust.
 """
-import os
 import sys
 
 import torch
@@ -14,7 +13,7 @@ import torch
 import checkpoint
 from configurator import SAMPLE_RULES, ConfigError, check_device, configure
 from model import default_device
-from tokens import get_tokenizer, load_meta
+from tokens import dataset_dir, get_tokenizer, load_meta
 
 out_dir = "out"
 start = "\n"            # the prompt, or FILE:path to read it from a file
@@ -37,7 +36,7 @@ try:
 except checkpoint.CheckpointError as e:
     sys.exit(f"error: {e}")
 model.eval().to(device)
-meta = load_meta(os.path.join("data", ckpt["config"]["dataset"]))
+meta = load_meta(dataset_dir(ckpt["config"]["dataset"]))
 if meta["vocab_size"] != ckpt["model_args"]["vocab_size"]:   # the dataset was prepared again, another tokenizer or text
     sys.exit(f"error: {path} was trained on a vocabulary of {ckpt['model_args']['vocab_size']} tokens, but "
              f"data/{ckpt['config']['dataset']}/meta.json now has {meta['vocab_size']}: prepare that dataset as it was for this checkpoint")

@@ -20,7 +20,7 @@ GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\
 EOT = 50256
 
 
-def data_dir(name):
+def dataset_dir(name):
     """The folder of dataset `name`: data/<name> under the working directory (the one rule of every tool)."""
     return Path("data") / name
 
@@ -41,19 +41,47 @@ def gpt2_encoding(path=GPT2_RANKS, sha256=GPT2_RANKS_SHA256):
 
 
 def load_meta(data_dir):
+    """data_dir/meta.json, its values checked: a bad one is one sentence naming the file (SystemExit)."""
     path = Path(data_dir) / "meta.json"
     if not path.is_file():
         name = Path(data_dir).name
         cmd = name if name in ("shakespeare_char", "shakespeare", "fineweb_edu") else f"text --input FILE --name {name}"
-        raise SystemExit(f"error: no prepared data in {data_dir} (meta.json missing): run `python prepare_data.py {cmd}` first")
+        raise SystemExit(f"error: no prepared data in {data_dir} (meta.json missing; data/ is looked up in the working "
+                         f"directory, {Path.cwd()}): run `python prepare_data.py {cmd}` there first")
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:   # JSONDecodeError is a ValueError
+    except (OSError, ValueError, UnicodeDecodeError) as e:   # JSONDecodeError is a ValueError
         raise SystemExit(f"error: {path} is not valid JSON ({e}): prepare the dataset again") from None
     missing = [k for k in ("tokenizer", "vocab_size") if not isinstance(meta, dict) or k not in meta]
     if missing:
         raise SystemExit(f"error: {path} lacks {', '.join(missing)}: prepare the dataset again")
+    wrong = meta_problem(meta)
+    if wrong:
+        raise SystemExit(f"error: {path} {wrong}: prepare the dataset again")
     return meta
+
+
+def meta_problem(meta):
+    """What is wrong with a meta.json's values (as words after its path), or None."""
+    tokenizer, vocab_size = meta["tokenizer"], meta["vocab_size"]
+    if tokenizer not in ("char", "gpt2"):
+        return f"names tokenizer {tokenizer!r}, not 'char' or 'gpt2'"
+    if type(vocab_size) is not int or not 1 <= vocab_size <= 65536:   # uint16 ids
+        return f"has vocab_size={vocab_size!r}, not a whole number from 1 to 65536"
+    if tokenizer == "gpt2" and vocab_size != EOT + 1:
+        return f"has vocab_size={vocab_size} for GPT-2's BPE, which has {EOT + 1}"
+    chars = meta.get("chars")
+    if tokenizer == "char" and not (isinstance(chars, str) and len(chars) == vocab_size == len(set(chars))):
+        return (f"has no 'chars' string of vocab_size={vocab_size} distinct characters (chars: "
+                f"{type(chars).__name__}{f' of {len(chars)}' if isinstance(chars, str) else ''})")
+    return None
+
+
+def vocabulary(meta):
+    """What a run's token ids mean: recorded in its checkpoints, so that a resume on other data is refused and
+    sample.py and export_hf.py decode with the run's own vocabulary, not whatever meta.json holds later."""
+    return {"tokenizer": meta["tokenizer"], "vocab_size": meta["vocab_size"],
+            **({"chars": meta["chars"]} if meta["tokenizer"] == "char" else {})}
 
 
 def get_tokenizer(meta):

@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import checkpoint
 from configurator import TRAIN_RULES, ConfigError, check_device, configure
 from model import GPT, GPTConfig, default_device, peak_flops
-from tokens import load_meta
+from tokens import dataset_dir, load_meta
 
 # -----------------------------------------------------------------------------
 # I/O
@@ -108,7 +108,7 @@ if master:
           f"({accum} micro-steps x {world_size} processes x {batch_size} x {block_size})")
 
 # ---- data: uint16 token files; batches depend only on (seed, step, micro-step) -------------
-data_dir = os.path.join("data", dataset)
+data_dir = str(dataset_dir(dataset))
 meta = load_meta(data_dir)
 
 

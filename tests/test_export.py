@@ -135,8 +135,11 @@ def write_run(folder, cfg, dataset, tokenizer):
     model_args = {f: getattr(cfg, f) for f in cfg.__dataclass_fields__}
     checkpoint.save(str(folder / "out"), {"model": model.state_dict(), "optimizers": [], "model_args": model_args,
                                           "config": {"dataset": dataset}, "iter_num": 7, "best_val_loss": 1.0}, 7)
+    meta = {"tokenizer": tokenizer, "vocab_size": cfg.vocab_size}
+    if tokenizer == "char":
+        meta["chars"] = "".join(map(chr, range(33, 33 + cfg.vocab_size)))
     (folder / "data" / dataset).mkdir(parents=True)
-    (folder / "data" / dataset / "meta.json").write_text(json.dumps({"tokenizer": tokenizer, "vocab_size": cfg.vocab_size}))
+    (folder / "data" / dataset / "meta.json").write_text(json.dumps(meta))
     return model
 
 

@@ -361,3 +361,36 @@ def test_a_name_that_is_not_one_folder_is_refused_before_anything_is_written(tmp
         prepare_data.main(["text", "--input", "in.txt", "--name", name])
     assert e.value.code == 2 and "is not one folder name" in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path)) == ["in.txt"]
+
+
+# --- the data folder and meta.json's values (issue 20, items 18 and 20) ------------------------------------------
+
+def test_a_dataset_is_prepared_where_train_py_looks_for_it(tmp_path, monkeypatch):
+    """One rule for every tool: data/<name> under the working directory, wherever the scripts live."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.txt").write_text("some text to prepare, long enough for both splits " * 4)
+    prepare_data.main(["text", "--input", "in.txt", "--name", "here", "--tokenizer", "char"])
+    assert (tmp_path / "data" / "here" / "meta.json").is_file()
+    assert tokens.load_meta(tokens.dataset_dir("here"))["tokenizer"] == "char"
+    with pytest.raises(SystemExit) as e:   # and the error for a missing one names that folder
+        tokens.load_meta(tokens.dataset_dir("elsewhere"))
+    assert f"working directory, {tmp_path}" in error_of(e)
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"vocab_size": "65"}, "has vocab_size='65', not a whole number from 1 to 65536"),
+    ({"vocab_size": True}, "has vocab_size=True"),
+    ({"vocab_size": 70000}, "not a whole number from 1 to 65536"),
+    ({"chars": None}, "has no 'chars' string of vocab_size=3 distinct characters (chars: NoneType)"),
+    ({"chars": "abcd"}, "(chars: str of 4)"),
+    ({"chars": "aab"}, "distinct characters"),
+    ({"tokenizer": "bpe"}, "names tokenizer 'bpe', not 'char' or 'gpt2'"),
+    ({"tokenizer": "gpt2"}, "has vocab_size=3 for GPT-2's BPE, which has 50257"),
+])
+def test_meta_json_values_are_checked_in_one_sentence(tmp_path, change, words):
+    meta = {"tokenizer": "char", "vocab_size": 3, "chars": "abc", **change}
+    (tmp_path / "meta.json").write_text(json.dumps({k: v for k, v in meta.items() if v is not None}))
+    with pytest.raises(SystemExit) as e:
+        tokens.load_meta(tmp_path)
+    msg = error_of(e)
+    assert msg.startswith(f"error: {tmp_path / 'meta.json'} ") and words in msg and msg.endswith(": prepare the dataset again")

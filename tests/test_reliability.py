@@ -246,7 +246,7 @@ def test_bad_data_says_what_to_run(workdir, fault, message):
     shutil.copytree(workdir / "data" / "tiny", bad)
     meta = json.loads((bad / "meta.json").read_text())
     if fault in ("vocab", "no_vocab"):
-        (bad / "meta.json").write_text(json.dumps({**meta, "vocab_size": 10} if fault == "vocab" else
+        (bad / "meta.json").write_text(json.dumps({**meta, "vocab_size": 10, "chars": meta["chars"][:10]} if fault == "vocab" else
                                                   {k: v for k, v in meta.items() if k != "vocab_size"}))
     elif fault == "torn_bin":   # a copy cut short mid-token
         (bad / "train.bin").write_bytes((bad / "train.bin").read_bytes()[:-1])
