@@ -477,3 +477,109 @@ def test_sample_faults_are_one_sentence(sample_run, args, message):
         meta_path.write_text(meta)
     assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
     assert message in p.stderr.strip().splitlines()[-1], p.stderr
+
+
+# ---- issue 20: nothing outside out_dir is touched, every file read is checked (in-process) -----------------
+
+@pytest.mark.parametrize("odd,other", [("g[1]", "g1"), ("x*", "xy"), ("q?", "qq")])
+def test_an_out_dir_named_with_glob_characters_touches_only_itself(tmp_path, odd, other):
+    for step in (1, 2, 3, 4):
+        checkpoint.save(tmp_path / other, fake_state(step), step, keep=10)
+    assert checkpoint.checkpoints(tmp_path / odd) == [] and checkpoint.candidates(tmp_path / odd) == []
+    for step in (1, 2):
+        checkpoint.save(tmp_path / odd, fake_state(step), step, keep=1)
+    assert len(checkpoint.checkpoints(tmp_path / other)) == 4
+    assert [os.path.basename(p) for p in checkpoint.checkpoints(tmp_path / odd)] == ["ckpt_0000002.pt"]
+
+
+def test_save_removes_only_its_own_temporary_names(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    mine, theirs = f"ckpt_0000003.pt.tmp{dead.pid}", f"notes.txt.tmp{dead.pid}"
+    for name in (mine, theirs):
+        (tmp_path / name).write_text("left by a kill -9")
+    checkpoint.save(tmp_path, fake_state(1), 1)
+    assert not (tmp_path / mine).exists() and (tmp_path / theirs).exists()
+
+
+def test_checkpoints_without_latest_are_resumed_and_a_scratch_run_is_refused(tmp_path):
+    for step in (1, 2):
+        checkpoint.save(tmp_path, fake_state(step), step)
+    os.remove(tmp_path / "latest")
+    path, state = checkpoint.load_latest(tmp_path)
+    assert state["iter_num"] == 2 and path.endswith("ckpt_0000002.pt")
+    with pytest.raises(checkpoint.CheckpointError, match=r"holds a run \(ckpt_0000002.pt\).*--overwrite=True"):
+        checkpoint.check_out_dir(tmp_path, "scratch", False)
+
+
+def test_the_lock_and_metrics_are_never_written_through_a_link(tmp_path):
+    precious = tmp_path / "precious"
+    precious.write_text("keep me")
+    a, b, c = (tmp_path / n for n in "abc")
+    for d in (a, b, c):
+        d.mkdir()
+    (a / "lock").symlink_to(precious)
+    with pytest.raises(checkpoint.CheckpointError, match="lock is a symbolic link .* remove the link"):
+        checkpoint.lock(a)
+    (a / "metrics.jsonl").symlink_to(precious)
+    with pytest.raises(checkpoint.CheckpointError, match="metrics.jsonl is a symbolic link"):
+        checkpoint.open_append(a / "metrics.jsonl")
+    assert precious.read_text() == "keep me"
+    # a run copied with `cp -al`: its files are hard links to the original's
+    (b / "lock").write_text("12345")
+    (b / "metrics.jsonl").write_text('{"kind": "train", "iter": 1}\n')
+    for name in ("lock", "metrics.jsonl"):
+        os.link(b / name, c / name)
+    checkpoint.lock(c)
+    checkpoint._lock_file.close()
+    with checkpoint.open_append(c / "metrics.jsonl") as f:
+        f.write('{"kind": "train", "iter": 2}\n')
+    assert (b / "lock").read_text() == "12345" and (c / "lock").read_text() == str(os.getpid())
+    assert (b / "metrics.jsonl").read_text().count("\n") == 1 and (c / "metrics.jsonl").read_text().count("\n") == 2
+
+
+@pytest.mark.parametrize("change,why", [
+    ({"model_args": None}, "model_args is NoneType"), ({"config": []}, "config is list"),
+    ({"iter_num": "20"}, "iter_num is str '20'"), ({"iter_num": True}, "iter_num is bool"),
+    ({"iter_num": -1}, "iter_num below 0"), ({"model": {"w": 1.0}}, "not a tensor"),
+])
+def test_a_checkpoint_with_the_right_keys_and_wrong_types_is_corrupt(tmp_path, change, why):
+    torch.save({**fake_state(2), **change}, tmp_path / "ckpt_0000002.pt")
+    with pytest.raises(checkpoint.CheckpointError, match="corrupt or not a checkpoint of this project") as e:
+        checkpoint.load(tmp_path / "ckpt_0000002.pt")
+    assert why in str(e.value)
+
+
+def test_a_checkpoint_with_non_finite_weights_is_never_the_last_good_one(tmp_path):
+    checkpoint.save(tmp_path, fake_state(1), 1)
+    state = fake_state(2)
+    state["model"]["w"][1] = float("nan")
+    checkpoint.save(tmp_path, state, 2)
+    with pytest.raises(checkpoint.CheckpointError, match=r"ckpt_0000002.pt holds non-finite weights \(w\).*--resume_fallback"):
+        checkpoint.load_latest(tmp_path)
+    assert checkpoint.load_latest(tmp_path, fallback=True)[1]["iter_num"] == 1
+
+
+def test_optimizer_state_is_checked_against_the_parameters_it_is_restored_onto():
+    from helpers import make
+    model = make()
+    names = {p: n for n, p in model.named_parameters()}
+    params = list(model.parameters())
+    fresh = lambda: torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    opt = fresh()
+    model(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long))[1].backward()
+    opt.step()
+    saved = checkpoint.optimizer_state(opt, names)
+    restored = fresh()
+    checkpoint.restore_optimizers([restored], [saved], names, "ckpt.pt")
+    assert torch.equal(restored.state[params[0]]["exp_avg"], opt.state[params[0]]["exp_avg"])
+    square = [i for i, p in enumerate(params) if p.shape == params[-1].shape and i != len(params) - 1][0]
+    other = [i for i, p in enumerate(params) if p.shape != params[0].shape][0]
+    unnamed = {**saved, "state": {i: {k: v for k, v in e.items() if k != "param_name"} for i, e in saved["state"].items()}}
+    # another shape (caught even in a checkpoint written before the names), and the same shape (by its name)
+    for state, i, j, why in ((unnamed, 0, other, r"'s exp_avg is \("), (saved, square, len(params) - 1, "the state of .* is .*'s")):
+        swapped = {**state, "state": {**state["state"], i: state["state"][j], j: state["state"][i]}}
+        with pytest.raises(checkpoint.CheckpointError, match="ckpt.pt holds optimizer state that does not fit this model .*" + why):
+            checkpoint.restore_optimizers([fresh()], [swapped], names, "ckpt.pt")
+    with pytest.raises(checkpoint.CheckpointError, match="2 optimizer"):
+        checkpoint.restore_optimizers([fresh()], [saved, saved], names, "ckpt.pt")
