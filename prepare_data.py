@@ -18,9 +18,11 @@ compute nodes without internet hold them) through `datasets`, offline, in sorted
 """
 import argparse
 import contextlib
+import errno
 import glob
 import hashlib
 import json
+import math
 import multiprocessing as mp
 import os
 import re
@@ -69,9 +71,10 @@ def to_uint16(ids):
 @contextlib.contextmanager
 def staged_bins(out_dir):
     """Yields open train/val files; they get their final names only if the block succeeds."""
-    # the long work goes to .tmp files, so a crash or error leaves any earlier complete set untouched
+    # the long work goes to .tmp<pid> files (this writer's own), so a crash or error leaves any earlier
+    # complete set untouched
     out_dir.mkdir(parents=True, exist_ok=True)
-    tmps = [out_dir / "train.bin.tmp", out_dir / "val.bin.tmp"]
+    tmps = [out_dir / f"train.bin.tmp{os.getpid()}", out_dir / f"val.bin.tmp{os.getpid()}"]
     try:
         with open(tmps[0], "wb") as train_f, open(tmps[1], "wb") as val_f:
             yield train_f, val_f
@@ -89,7 +92,7 @@ def staged_bins(out_dir):
             tmp.unlink(missing_ok=True)
 
 def write_meta(out_dir, meta):
-    tmp = out_dir / "meta.json.tmp"
+    tmp = out_dir / f"meta.json.tmp{os.getpid()}"
     with open(tmp, "w") as f:
         json.dump(meta, f, indent=2, ensure_ascii=False)
         f.flush()
@@ -181,9 +184,13 @@ def encode_batch(docs):
             b"".join(sha for _, sha in encoded))
 
 def batches(docs, chars=1 << 20):
-    """Lists of consecutive documents of about `chars` characters in all."""
+    """Lists of consecutive documents of about `chars` characters in all; a document that is not text (a null,
+    missing or numeric field of a row) stops the run here, in the parent, as one sentence."""
     batch, n = [], 0
-    for doc in docs:
+    for i, doc in enumerate(docs):
+        if not isinstance(doc, str):   # raised in the pool's feeder thread: it comes back as a DownloadError
+            raise DownloadError(f"error: document {i:,} of the source is {type(doc).__name__} {str(doc)[:40]!r}, not "
+                                "text (a null, missing or numeric field in a row?): fix or drop that row (nothing was written)")
         batch.append(doc)
         n += len(doc)
         if n >= chars:
@@ -307,6 +314,16 @@ def dataset_name(name):
         raise argparse.ArgumentTypeError(f"{name!r} is not one folder name (letters, digits, _ . -; no '/' or '..')")
     return name
 
+def count(text):
+    """A whole number >= 1, also written as 1e9: --num_tokens, --val_tokens, --num_proc."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value >= 1 and value == int(value)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return int(value)
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
@@ -321,24 +338,29 @@ def main(argv=None):
     f = sub.add_parser("fineweb_edu", help="a FineWeb-Edu sample (needs `datasets`; network unless --data_files)")
     f.add_argument("--data_files", help="a glob of local .parquet or .jsonl files (quoted) instead of the hub")
     f.add_argument("--text_field", default="text", help="the column of the documents' text (with --data_files)")
-    f.add_argument("--num_tokens", type=lambda s: int(float(s)), default=10**9, help="train + val tokens")
-    f.add_argument("--val_tokens", type=lambda s: int(float(s)), help="first tokens kept for val (default 0.5%%)")
+    f.add_argument("--num_tokens", type=count, default=10**9, help="train + val tokens")
+    f.add_argument("--val_tokens", type=count, help="first tokens kept for val (default 0.5%%)")
     f.add_argument("--name", default="fineweb_edu", type=dataset_name)
     f.add_argument("--out_dir", help="default: data/<name>")
-    f.add_argument("--num_proc", "--processes", dest="processes", type=int, help="tokenizer processes (default: all cores)")
+    f.add_argument("--num_proc", "--processes", dest="processes", type=count, help="tokenizer processes (default: all cores)")
     args = p.parse_args(argv)
 
     name = getattr(args, "name", None) or args.command
     out_dir = Path(args.out_dir) if args.out_dir else dataset_dir(name)   # where train.py looks
     if out_dir.exists() and not out_dir.is_dir():
         raise SystemExit(f"error: --out_dir {out_dir} is a file, not a folder: pick another --out_dir")
-    if args.command == "fineweb_edu":
-        prepare_fineweb(out_dir, name, args.num_tokens, args.val_tokens, args.processes, args.data_files, args.text_field)
-    elif args.command == "text":
-        prepare_text(args.input, out_dir, name, args.tokenizer, args.val_fraction)
-    else:
-        tokenizer = "char" if args.command == "shakespeare_char" else "gpt2"
-        prepare_text(SHAKESPEARE, out_dir, name, tokenizer, args.val_fraction, SHAKESPEARE_SHA256)
+    try:
+        if args.command == "fineweb_edu":
+            prepare_fineweb(out_dir, name, args.num_tokens, args.val_tokens, args.processes, args.data_files, args.text_field)
+        elif args.command == "text":
+            prepare_text(args.input, out_dir, name, args.tokenizer, args.val_fraction)
+        else:
+            tokenizer = "char" if args.command == "shakespeare_char" else "gpt2"
+            prepare_text(SHAKESPEARE, out_dir, name, tokenizer, args.val_fraction, SHAKESPEARE_SHA256)
+    except OSError as e:   # a full disk, a read-only folder: the .tmp files are gone, an earlier complete set stays
+        why = "the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else (e.strerror or str(e))
+        raise SystemExit(f"error: cannot write {e.filename or out_dir} ({why}): fix that and run again "
+                         f"({out_dir} keeps its earlier set, if it had one)") from None
 
 if __name__ == "__main__":
     main()

@@ -1,3 +1,4 @@
+import errno
 import hashlib
 import json
 import os
@@ -394,3 +395,53 @@ def test_meta_json_values_are_checked_in_one_sentence(tmp_path, change, words):
         tokens.load_meta(tmp_path)
     msg = error_of(e)
     assert msg.startswith(f"error: {tmp_path / 'meta.json'} ") and words in msg and msg.endswith(": prepare the dataset again")
+
+
+# --- bad sources and a full disk: one sentence, nothing replaced (issue 20, item 17) --------------------------
+
+@pytest.mark.parametrize("arg", [["--num_tokens", "inf"], ["--num_tokens", "nan"], ["--num_tokens", "0"],
+                                 ["--val_tokens", "1.5"], ["--num_proc", "0"], ["--num_proc", "x"]])
+def test_bad_counts_are_one_argparse_line(tmp_path, capsys, arg):
+    with pytest.raises(SystemExit) as e:
+        prepare_data.main(["fineweb_edu", *arg, "--out_dir", str(tmp_path / "fw")])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 2 and "fineweb_edu: error: argument" in err and f"{arg[1]!r}" in err, err
+    assert not (tmp_path / "fw").exists()
+
+
+@pytest.mark.parametrize("rows,what", [([{"text": "a doc"}, {"text": None}], "NoneType"),
+                                       ([{"text": "a doc"}, {"id": 2}], "NoneType"),   # a row without the field
+                                       ([{"text": 7}], "int")])
+def test_a_row_without_text_is_one_sentence(tmp_path, rows, what):
+    pytest.importorskip("datasets")
+    (tmp_path / "shards").mkdir()
+    (tmp_path / "shards" / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(SystemExit) as e:
+        prepare_data.main(["fineweb_edu", "--data_files", str(tmp_path / "shards" / "*.jsonl"), "--num_proc", "1",
+                           "--num_tokens", "1000", "--out_dir", str(tmp_path / "fw")])
+    assert f"is {what}" in error_of(e) and "not text" in error_of(e) and "fix or drop that row" in error_of(e)
+    assert not (tmp_path / "fw" / "meta.json").exists()
+
+
+def test_a_full_disk_is_one_sentence_and_keeps_the_earlier_set(tmp_path, monkeypatch):
+    out = prepare(tmp_path, TEXT, "char")
+    before = snapshot(out)
+
+    class FullDisk:
+        def __init__(self, path, mode="r", *args, **kw):
+            self.f = open(path, mode, *args, **kw)
+        def write(self, b):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.f.name))
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+        def __enter__(self):
+            return self
+        def __exit__(self, *exc):
+            self.f.close()
+    (tmp_path / "input.txt").write_text(TEXT + "more text ")   # another source: prepared again
+    monkeypatch.setattr(prepare_data, "open", FullDisk, raising=False)
+    with pytest.raises(SystemExit) as e:
+        prepare_data.main(["text", "--input", str(tmp_path / "input.txt"), "--name", "tiny", "--tokenizer", "char",
+                           "--out_dir", str(out)])
+    assert "train.bin.tmp" in error_of(e) and "(the disk is full)" in error_of(e) and "keeps its earlier set" in error_of(e)
+    assert snapshot(out) == before
