@@ -12,7 +12,6 @@ CheckpointError that names the file and what `latest` still names.
 import errno
 import fcntl
 import json
-import math
 import os
 import re
 
@@ -223,33 +222,39 @@ def restore_optimizers(optimizers, saved, names, path):
     groups and sizes, every state tensor of its parameter's shape, and (when recorded) its parameter's name.
     A state of the wrong shape would otherwise crash the fused AdamW (invalid pointer), and a swapped one
     of the same shape would resume silently with the wrong moments."""
-    def refuse(why):
-        raise CheckpointError(f"checkpoint {path} holds optimizer state that does not fit this model ({why}): it was "
+    wrong = f"{len(saved)} optimizer(s), not {len(optimizers)}" if len(saved) != len(optimizers) else None
+    for opt, state in zip(optimizers, saved):
+        if wrong:
+            break
+        try:
+            wrong = _optimizer_problem(opt, state, names)
+            if not wrong:
+                entries = {i: {k: v for k, v in e.items() if k != "param_name"} for i, e in state["state"].items()}
+                opt.load_state_dict({**state, "state": entries})
+        except (AttributeError, KeyError, TypeError, ValueError, RuntimeError) as e:   # a value of another type
+            wrong = f"{type(e).__name__}: {e}"
+    if wrong:
+        raise CheckpointError(f"checkpoint {path} holds optimizer state that does not fit this model ({wrong}): it was "
                               "edited or written by another version of the code; resume from an older checkpoint "
                               "or train into a new out_dir")
-    if len(saved) != len(optimizers):
-        refuse(f"{len(saved)} optimizer(s), not {len(optimizers)}")
-    for opt, state in zip(optimizers, saved):
-        groups = state.get("param_groups") if isinstance(state, dict) else None
-        entries = state.get("state") if isinstance(state, dict) else None
-        if not isinstance(groups, list) or not isinstance(entries, dict) or \
-                [len(g.get("params", ())) if isinstance(g, dict) else -1 for g in groups] != [len(g["params"]) for g in opt.param_groups]:
-            refuse("other parameter groups")
-        owner = {i: p for saved_g, g in zip(groups, opt.param_groups) for i, p in zip(saved_g["params"], g["params"])}
-        for i, entry in entries.items():
-            p = owner.get(i)
-            if p is None or not isinstance(entry, dict):
-                refuse(f"a state for parameter {i!r}, which the optimizer does not have")
-            if entry.get("param_name", names[p]) != names[p]:
-                refuse(f"the state of {names[p]} is {entry['param_name']}'s")
-            for key, v in entry.items():
-                if key != "step" and isinstance(v, torch.Tensor) and v.shape != p.shape:
-                    refuse(f"{names[p]}'s {key} is {tuple(v.shape)}, not {tuple(p.shape)}")
-        state = {**state, "state": {i: {k: v for k, v in e.items() if k != "param_name"} for i, e in entries.items()}}
-        try:
-            opt.load_state_dict(state)
-        except (KeyError, TypeError, ValueError, RuntimeError) as e:
-            refuse(f"{type(e).__name__}: {e}")
+
+
+def _optimizer_problem(opt, state, names):
+    """What does not fit between a saved optimizer state and `opt`'s parameters (words), or None."""
+    groups, entries = state["param_groups"], state["state"]
+    if [len(g["params"]) for g in groups] != [len(g["params"]) for g in opt.param_groups]:
+        return "other parameter groups"
+    owner = {i: p for saved_g, g in zip(groups, opt.param_groups) for i, p in zip(saved_g["params"], g["params"])}
+    for i, entry in entries.items():
+        p = owner.get(i)
+        if p is None:
+            return f"a state for parameter {i!r}, which the optimizer does not have"
+        if entry.get("param_name", names[p]) != names[p]:
+            return f"the state of {names[p]} is {entry['param_name']}'s"
+        for key, v in entry.items():
+            if key != "step" and isinstance(v, torch.Tensor) and v.shape != p.shape:
+                return f"{names[p]}'s {key} is {tuple(v.shape)}, not {tuple(p.shape)}"
+    return None
 
 
 def load_model(out_dir):
