@@ -189,8 +189,9 @@ def batches(docs, chars=1 << 20):
     batch, n = [], 0
     for i, doc in enumerate(docs):
         if not isinstance(doc, str):   # raised in the pool's feeder thread: it comes back as a DownloadError
-            raise DownloadError(f"error: document {i:,} of the source is {type(doc).__name__} {str(doc)[:40]!r}, not "
-                                "text (a null, missing or numeric field in a row?): fix or drop that row (nothing was written)")
+            raise DownloadError(f"error: document {i:,} of the source is {type(doc).__name__} {str(doc)[:40]!r}, "
+                                "not text (a null, missing or numeric field in a row?): fix or drop that row "
+                                "(nothing was written)")
         batch.append(doc)
         n += len(doc)
         if n >= chars:

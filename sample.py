@@ -43,7 +43,7 @@ if meta is None:
     source = f"data/{ckpt['config'].get('dataset')}/meta.json"
 elif not isinstance(meta, dict) or {"tokenizer", "vocab_size"} - meta.keys() or meta_problem(meta):
     sys.exit(f"error: {path} records a vocabulary that is not one (corrupt or edited): sample from another checkpoint")
-if meta["vocab_size"] != ckpt["model_args"].get("vocab_size"):   # the dataset was prepared again, another tokenizer or text
+if meta["vocab_size"] != ckpt["model_args"].get("vocab_size"):   # prepared again: another tokenizer or text
     sys.exit(f"error: {path} was trained on a vocabulary of {ckpt['model_args'].get('vocab_size')} tokens, but "
              f"{source} has {meta['vocab_size']}: prepare that dataset as it was for this checkpoint")
 encode, decode = get_tokenizer(meta)

@@ -94,7 +94,7 @@ if ddp:
 else:
     rank, world_size = 0, 1
 master = rank == 0
-if ddp:   # one configuration for all: a config file that reads RANK would hang the job (max_iters) or train silently wrong
+if ddp:   # one configuration for all: a config that reads RANK would hang the job (max_iters) or train silently wrong
     configs = [None] * world_size
     dist.all_gather_object(configs, config)
     differ = [k for k in config if any(c.get(k) != config[k] for c in configs)]
@@ -216,7 +216,8 @@ if init_from == "resume":
                  + ", ".join(f"{k}=({a!r}, {b!r})" for k, (a, b) in mismatched.items()))
     if ckpt.get("vocab", vocabulary(meta)) != vocabulary(meta):   # a checkpoint before the record: not checked
         sys.exit(f"error: {ckpt_path} was trained on another vocabulary than {data_dir}/meta.json now holds "
-                 f"(the same token ids would mean other text): prepare --dataset={dataset} as it was, or train into a new out_dir")
+                 f"(the same token ids would mean other text): prepare --dataset={dataset} as it was, "
+                 "or train into a new out_dir")
     iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
     if master:
         print(f"resuming from {ckpt_path} at iteration {iter_num}")
@@ -296,8 +297,8 @@ def save_checkpoint():
     stop_if_diverged("a weight", math.nan if bad[1] else 0.0)
     path = None
     if master:
-        state = {"model": raw_model.state_dict(), "optimizers": [checkpoint.optimizer_state(o, param_names) for o in optimizers],
-                 "model_args": model_args, "config": config, "iter_num": iter_num, "best_val_loss": best_val_loss,
+        state = {"model": raw_model.state_dict(),
+                 "optimizers": [checkpoint.optimizer_state(o, param_names) for o in optimizers], "model_args": model_args, "config": config, "iter_num": iter_num, "best_val_loss": best_val_loss,
                  "vocab": vocabulary(meta)}
         try:
             path = checkpoint.save(out_dir, state, iter_num, keep_checkpoints)
