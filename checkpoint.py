@@ -11,7 +11,6 @@ CheckpointError that names the file and what `latest` still names.
 """
 import errno
 import fcntl
-import glob
 import json
 import os
 import re
@@ -20,8 +19,11 @@ import torch
 
 from model import GPT, GPTConfig
 
-# the keys train.py writes: a file without them is not a checkpoint of this project
-REQUIRED_KEYS = ("model", "optimizers", "model_args", "config", "iter_num", "best_val_loss")
+# the keys train.py writes and the type of each: a file without them is not a checkpoint of this project
+REQUIRED_KEYS = {"model": dict, "optimizers": list, "model_args": dict, "config": dict, "iter_num": int,
+                 "best_val_loss": (int, float)}
+# the files train.py writes in out_dir; only these, and its own temporary files, are ever deleted or replaced
+TEMPORARY = re.compile(r"(ckpt_\d+\.pt|latest|metrics\.jsonl|lock)\.tmp(\d+)")
 
 
 class CheckpointError(RuntimeError):
@@ -34,10 +36,18 @@ def step_of(path):
     return int(m.group(1)) if m else None
 
 
+def names_in(out_dir):
+    """The names in out_dir (none if it is not a folder): listed, never globbed, so that an out_dir named
+    `out/g[1]` or `out/x*` matches itself only, not out/g1 or out/xy."""
+    try:
+        return os.listdir(out_dir)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
 def checkpoints(out_dir):
     """The ckpt_<iter>.pt files of out_dir, oldest first by iteration (not by name)."""
-    paths = [p for p in glob.glob(os.path.join(out_dir, "ckpt_*.pt")) if step_of(p) is not None]
-    return sorted(paths, key=step_of)
+    return sorted((os.path.join(out_dir, n) for n in names_in(out_dir) if step_of(n) is not None), key=step_of)
 
 
 def latest_name(out_dir):
@@ -80,11 +90,12 @@ def _pid_alive(pid):
 
 
 def _remove_stale_tmps(out_dir):
-    """Temporary files left by a writer that died mid-save; a live writer's file (another trainer) is left alone."""
-    for tmp in glob.glob(os.path.join(out_dir, "*.tmp*")):
-        pid = re.search(r"\.tmp(\d+)$", tmp)
-        if pid and (int(pid.group(1)) == os.getpid() or not _pid_alive(int(pid.group(1)))):
-            os.remove(tmp)
+    """This module's temporary files left by a writer that died mid-save; a live writer's file (another
+    trainer) and any name this module does not write are left alone."""
+    for name in names_in(out_dir):
+        m = TEMPORARY.fullmatch(name)
+        if m and (int(m.group(2)) == os.getpid() or not _pid_alive(int(m.group(2)))):
+            os.remove(os.path.join(out_dir, name))
 
 
 def _atomic_write(path, write):
@@ -123,10 +134,12 @@ def save(out_dir, state, iter_num, keep=3):
 
 
 def candidates(out_dir):
-    """Complete checkpoints in out_dir, newest first: the one `latest` names, then older ones."""
+    """Complete checkpoints in out_dir, newest first: the one `latest` names, then older ones. Without a
+    `latest` (removed by hand) every checkpoint is a candidate, newest first: each ckpt_<iter>.pt got its
+    name only once complete, so the run is still there and is resumed, never taken for an empty folder."""
     name = latest_name(out_dir)
     if name is None:
-        return []
+        return checkpoints(out_dir)[::-1]
     latest, step = os.path.join(out_dir, name), step_of(name)
     older = [p for p in reversed(checkpoints(out_dir)) if step is not None and step_of(p) < step]
     return [latest] + older
@@ -143,17 +156,36 @@ def load(path):
             raise CheckpointError(f"checkpoint {path} holds Python objects that weights_only loading refuses; "
                                   "it was not written by train.py, or was tampered with") from None
         state = None
-    if not isinstance(state, dict) or any(k not in state for k in REQUIRED_KEYS):
-        raise CheckpointError(f"checkpoint {path} is corrupt or not a checkpoint of this project; "
+    wrong = state_problem(state)
+    if wrong:
+        raise CheckpointError(f"checkpoint {path} is corrupt or not a checkpoint of this project ({wrong}); "
                               "resume from an older one with --resume_fallback=True") from None
+    bad = next((k for k, v in state["model"].items() if v.is_floating_point() and not v.isfinite().all()), None)
+    if bad:   # a NaN checkpoint is never "the last good one", nor sampled from or exported
+        raise CheckpointError(f"checkpoint {path} holds non-finite weights ({bad}): the run had diverged; "
+                              "resume from an older one with --resume_fallback=True and a lower learning_rate")
     return state
+
+
+def state_problem(state):
+    """What makes a loaded object not a checkpoint of this project (words), or None."""
+    if not isinstance(state, dict):
+        return f"a {type(state).__name__}, not a dict"
+    for key, kind in REQUIRED_KEYS.items():
+        if key not in state:
+            return f"no {key!r}"
+        if not isinstance(state[key], kind) or isinstance(state[key], bool):
+            return f"{key} is {type(state[key]).__name__} {str(state[key])[:40]!r}"
+    if state["iter_num"] < 0 or not all(isinstance(v, torch.Tensor) for v in state["model"].values()):
+        return "iter_num below 0" if state["iter_num"] < 0 else "model holds a value that is not a tensor"
+    return None
 
 
 def load_latest(out_dir, fallback=False):
     """The newest complete checkpoint of out_dir as (path, state); with fallback, skip bad ones."""
     paths = candidates(out_dir)
     if not paths:
-        raise CheckpointError(f"no checkpoint in {out_dir} (no `latest` file): train with --init_from=scratch first")
+        raise CheckpointError(f"no checkpoint in {out_dir}: train with --init_from=scratch first")
     for path in paths:
         try:
             return path, load(path)
@@ -176,13 +208,62 @@ def restore_model(model, state, path):
     model.load_state_dict(state)
 
 
+def optimizer_state(opt, names):
+    """opt.state_dict() with each parameter's state naming its parameter (`names`: parameter -> name), so that
+    a resume can tell that the state it restores belongs to the parameter it is restored onto."""
+    state = opt.state_dict()
+    params = [p for group in opt.param_groups for p in group["params"]]
+    state["state"] = {i: {**entry, "param_name": names[params[i]]} for i, entry in state["state"].items()}
+    return state
+
+
+def restore_optimizers(optimizers, saved, names, path):
+    """Load the saved optimizer states into `optimizers` after checking that each fits its parameters: same
+    groups and sizes, every state tensor of its parameter's shape, and (when recorded) its parameter's name.
+    A state of the wrong shape would otherwise crash the fused AdamW (invalid pointer), and a swapped one
+    of the same shape would resume silently with the wrong moments."""
+    wrong = f"{len(saved)} optimizer(s), not {len(optimizers)}" if len(saved) != len(optimizers) else None
+    for opt, state in zip(optimizers, saved):
+        if wrong:
+            break
+        try:
+            wrong = _optimizer_problem(opt, state, names)
+            if not wrong:
+                entries = {i: {k: v for k, v in e.items() if k != "param_name"} for i, e in state["state"].items()}
+                opt.load_state_dict({**state, "state": entries})
+        except (AttributeError, KeyError, TypeError, ValueError, RuntimeError) as e:   # a value of another type
+            wrong = f"{type(e).__name__}: {e}"
+    if wrong:
+        raise CheckpointError(f"checkpoint {path} holds optimizer state that does not fit this model ({wrong}): it was "
+                              "edited or written by another version of the code; resume from an older checkpoint "
+                              "or train into a new out_dir")
+
+
+def _optimizer_problem(opt, state, names):
+    """What does not fit between a saved optimizer state and `opt`'s parameters (words), or None."""
+    groups, entries = state["param_groups"], state["state"]
+    if [len(g["params"]) for g in groups] != [len(g["params"]) for g in opt.param_groups]:
+        return "other parameter groups"
+    owner = {i: p for saved_g, g in zip(groups, opt.param_groups) for i, p in zip(saved_g["params"], g["params"])}
+    for i, entry in entries.items():
+        p = owner.get(i)
+        if p is None:
+            return f"a state for parameter {i!r}, which the optimizer does not have"
+        if entry.get("param_name", names[p]) != names[p]:
+            return f"the state of {names[p]} is {entry['param_name']}'s"
+        for key, v in entry.items():
+            if key != "step" and isinstance(v, torch.Tensor) and v.shape != p.shape:
+                return f"{names[p]}'s {key} is {tuple(v.shape)}, not {tuple(p.shape)}"
+    return None
+
+
 def load_model(out_dir):
     """(path, state, model) for sample.py and export_hf.py: out_dir's newest checkpoint, its weights in a GPT
     built from its own model_args; one CheckpointError for whatever does not fit."""
     path, state = load_latest(out_dir)
     try:
         model = GPT(GPTConfig(**state["model_args"]))
-    except (TypeError, ValueError) as e:   # model_args of another version of model.py
+    except Exception as e:   # model_args of another version of model.py, or of the wrong types
         raise CheckpointError(f"checkpoint {path} was written by another version of model.py ({e})") from None
     restore_model(model, state["model"], path)
     return path, state, model
@@ -195,19 +276,46 @@ def check_out_dir(out_dir, init_from, overwrite):
     silently replace another run (its metrics and checkpoints) unless told to."""
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise CheckpointError(f"out_dir {out_dir} is a file, not a folder: pick another --out_dir")
-    if init_from == "scratch" and not overwrite and latest_name(out_dir) is not None:
-        raise CheckpointError(f"out_dir {out_dir} holds a run (`latest` names {latest_name(out_dir)}): continue it with "
+    held = latest_name(out_dir) or next((os.path.basename(p) for p in candidates(out_dir)), None)
+    if init_from == "scratch" and not overwrite and held is not None:
+        raise CheckpointError(f"out_dir {out_dir} holds a run ({held}): continue it with "
                               "--init_from=resume, pick another --out_dir, or replace it with --overwrite=True")
 
 
 _lock_file = None   # held open for the life of the process: the kernel releases the lock when it dies
 
 
+def private_file(path):
+    """Make sure writing `path` writes into out_dir only: a symbolic link is refused (it points anywhere); a
+    file hard-linked with another (a run copied with `cp -al`) is first replaced by its own copy."""
+    if os.path.islink(path):
+        raise CheckpointError(f"{path} is a symbolic link (to {os.readlink(path)}), and train.py writes that file: "
+                              "remove the link (or replace it by a copy of its target) and run again")
+    try:
+        if os.path.isfile(path) and os.stat(path).st_nlink > 1:
+            with open(path, "rb") as f:
+                content = f.read()
+            _atomic_write(path, lambda f: f.write(content))
+    except OSError as e:
+        raise CheckpointError(write_error(path, e, os.path.dirname(path))) from None
+
+
+def _no_follow(path, flags):
+    return os.open(path, flags | os.O_NOFOLLOW, 0o644)
+
+
+def open_append(path):
+    """`path` opened for appending, never through a link (metrics.jsonl)."""
+    private_file(path)
+    return open(path, "a", opener=_no_follow)
+
+
 def lock(out_dir):
     """Take out_dir/lock; a second trainer on the same out_dir gets one sentence naming the holder's pid."""
     global _lock_file
     os.makedirs(out_dir, exist_ok=True)
-    f = open(os.path.join(out_dir, "lock"), "a+")
+    private_file(os.path.join(out_dir, "lock"))
+    f = open(os.path.join(out_dir, "lock"), "a+", opener=_no_follow)
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -23,11 +23,12 @@ Writes config.json, model.safetensors (float32) and, for a run on GPT-2's BPE, t
 AutoTokenizer.from_pretrained / AutoModelForCausalLM.from_pretrained load the folder with no network.
 Needs safetensors; with transformers installed, --verify compares the export's logits with the checkpoint's.
 """
+import errno
 import functools
 import json
 import os
-import shutil
 import sys
+import tempfile
 from dataclasses import replace
 
 import torch
@@ -35,6 +36,7 @@ import torch
 import checkpoint
 from configurator import ConfigError, configure
 from model import GPT, PLACEMENTS
+from tokens import EOT, dataset_dir, gpt2_encoding, load_meta   # gpt2_encoding checks the vendored file's sha256
 
 out_dir = "out"         # the run: its newest complete checkpoint is exported
 to = ""                 # the folder to write (replaced as a whole if it exists)
@@ -164,7 +166,6 @@ def gpt2_vocab_merges():
     """(vocab, merges) of GPT-2's BPE in the format of vocab.json / merges.txt. The ranks file holds only
     the merged tokens, in merge order; the merge that made token t (rank r) is the pair of pieces that
     byte-pair merging of t with the ranks below r stops at (as tiktoken's educational bpe does)."""
-    from prepare_data import EOT, gpt2_encoding   # checks the vendored file's sha256
     enc = gpt2_encoding()
     ranks = {enc.decode_single_token_bytes(r): r for r in range(EOT)}
     show = _bytes_to_unicode()
@@ -207,7 +208,15 @@ EXPORT_FILES = {"model.safetensors", "config.json", "vocab.json", "merges.txt", 
 
 def check_target(folder):
     """--to may name a new folder or an earlier export, which save() replaces whole; never anything else (a run's
-    out_dir, a home directory): ConfigError naming what is there."""
+    out_dir, a home directory, a link to somewhere): ConfigError naming what is there."""
+    if os.path.islink(folder):
+        raise ConfigError(f"--to={folder} is a symbolic link (to {os.readlink(folder)}), and an export replaces its "
+                          "folder whole: give the folder itself")
+    above = os.path.dirname(os.path.abspath(folder))
+    while not os.path.exists(above):
+        above = os.path.dirname(above)
+    if not os.path.isdir(above):
+        raise ConfigError(f"--to={folder} is inside {above}, which is a file: give a folder for the export")
     if not os.path.exists(folder):
         return
     if not os.path.isdir(folder):
@@ -219,23 +228,69 @@ def check_target(folder):
 
 
 def save(config, state, folder, tokenizer=None, block_size=1024):
-    """Write the export into `folder`, replacing it whole: files go to a sibling temporary folder first,
-    so an interrupted export never leaves a half-written one (nor destroys the previous one before)."""
+    """Write the export into `folder`, replacing it whole. The files go to a folder beside it that this writer
+    creates under a name no other has (tempfile.mkdtemp), then take `folder`'s name: an interrupted or failed
+    export leaves the previous one as it was, and nothing this call did not create is ever deleted (an
+    `<--to>.old` or `<--to>.tmp` beside it is someone's). ExportError, one sentence, for a failed write."""
     from safetensors.torch import save_file
     folder = os.path.normpath(folder)
-    tmp, old = folder + ".tmp", folder + ".old"
-    for stale in (tmp, old):
-        shutil.rmtree(stale, ignore_errors=True)
-    os.makedirs(tmp)
-    save_file(state, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
-    with open(os.path.join(tmp, "config.json"), "w") as f:
-        json.dump(config, f, indent=2)
-    if tokenizer == "gpt2":
-        write_gpt2_tokenizer(tmp, block_size)
-    if os.path.exists(folder):
-        os.replace(folder, old)
-    os.replace(tmp, folder)
-    shutil.rmtree(old, ignore_errors=True)
+    parent = os.path.dirname(folder) or "."
+    tmp = None
+    try:
+        os.makedirs(parent, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(folder)}.export-", dir=parent)
+        save_file(state, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(config, f, indent=2)
+        if tokenizer == "gpt2":
+            write_gpt2_tokenizer(tmp, block_size)
+        _swap_in(tmp, folder)
+    except Exception as e:   # OSError, or safetensors' own error around one
+        why = "the disk is full" if getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) else \
+              (e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}")
+        if getattr(e, "errno", None) in (errno.ENOTEMPTY, errno.EEXIST):
+            why = "another export wrote it at the same moment"
+        raise ExportError(f"cannot write the export to {folder} ({why}): what was there is as it was; "
+                          "fix that and export again") from None
+    finally:
+        if tmp and os.path.isdir(tmp):
+            _remove_export(tmp)
+
+
+def _swap_in(tmp, folder):
+    """Give `tmp` the name `folder`; an earlier export there is moved aside first (into an empty folder made for
+    it: rename replaces an empty folder) and its files removed. Fails, restoring the earlier export, if another
+    export took the name meanwhile (rename onto a folder that is not empty)."""
+    aside = None
+    if os.path.isdir(folder):
+        aside = tempfile.mkdtemp(prefix=f".{os.path.basename(folder)}.previous-", dir=os.path.dirname(tmp))
+        os.replace(folder, aside)
+    try:
+        os.rename(tmp, folder)
+    except OSError:
+        if aside:
+            try:
+                os.rename(aside, folder)
+                aside = None
+            except OSError:   # another export holds the name now: that one stays
+                pass
+        raise
+    finally:
+        if aside:
+            _remove_export(aside)
+
+
+def _remove_export(d):
+    """Remove a folder of export files that this module wrote, by their names only, then the folder if empty."""
+    for name in EXPORT_FILES:
+        try:
+            os.remove(os.path.join(d, name))
+        except FileNotFoundError:
+            pass
+    try:
+        os.rmdir(d)
+    except OSError:
+        pass
 
 
 @torch.no_grad()
@@ -255,13 +310,15 @@ def compare(model, folder, n_tokens=64, seed=0):
 
 
 def tokenizer_of(ckpt):
-    """'gpt2', 'char' or None (unknown): the tokenizer the run's data was prepared with."""
+    """'gpt2', 'char' or None (unknown): the tokenizer the run's data was prepared with, as the checkpoint
+    records it (tokens.vocabulary); for a checkpoint written before that record, from today's meta.json."""
+    vocab = ckpt.get("vocab")
+    if isinstance(vocab, dict) and vocab.get("tokenizer") in ("gpt2", "char"):
+        return vocab["tokenizer"]
     dataset = ckpt.get("config", {}).get("dataset")
-    path = os.path.join("data", str(dataset), "meta.json")
-    if not dataset or not os.path.isfile(path):
+    if not dataset or not os.path.isfile(dataset_dir(str(dataset)) / "meta.json"):
         return None
-    from prepare_data import load_meta   # a corrupt meta.json is one sentence there
-    return load_meta(os.path.dirname(path))["tokenizer"]
+    return load_meta(dataset_dir(str(dataset)))["tokenizer"]
 
 
 def main(argv):
@@ -282,7 +339,10 @@ def main(argv):
     tok = tokenizer_of(ckpt)
     if tok == "gpt2" and model.config.vocab_size != GPT2_VOCAB:
         sys.exit(f"error: the run's data is GPT-2 BPE but the model has vocab_size={model.config.vocab_size}, not {GPT2_VOCAB}")
-    save(config, state, args["to"], tok, model.config.block_size)
+    try:
+        save(config, state, args["to"], tok, model.config.block_size)
+    except ExportError as e:
+        sys.exit(f"error: {e}")
     c = model.config
     print(f"{path} (iteration {ckpt.get('iter_num')}) -> {args['to']}: {config['architectures'][0]}, "
           f"{c.vocab_size} of {c.padded_vocab} vocabulary rows (the padding is dropped), "
@@ -298,7 +358,7 @@ def main(argv):
         else:
             print(f"verify: max |logit difference| {diff:.2e} on a random probe (float32); "
                   f"the dropped padded rows held {pad:.2e} nats of model.py's loss there")
-            if diff > 1e-3:
+            if not diff <= 1e-3:   # NaN too
                 sys.exit(f"error: the export's logits differ from the checkpoint's by {diff:.2e}: "
                          f"report this with your config; the export in {args['to']} is not equivalent")
 

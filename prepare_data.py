@@ -1,5 +1,6 @@
 """
-Turn text into token files for training: data/<name>/{train.bin, val.bin, meta.json}.
+Turn text into token files for training: data/<name>/{train.bin, val.bin, meta.json}, under the
+working directory (where train.py looks: tokens.dataset_dir).
 train.bin and val.bin are raw numpy uint16 token ids (as in nanoGPT); meta.json is written
 last and marks the set complete. A re-run with the same source and settings does nothing.
 
@@ -16,12 +17,12 @@ With --data_files it reads local .parquet or .jsonl files (a glob; the dataset's
 compute nodes without internet hold them) through `datasets`, offline, in sorted file order.
 """
 import argparse
-import base64
 import contextlib
-import functools
+import errno
 import glob
 import hashlib
 import json
+import math
 import multiprocessing as mp
 import os
 import re
@@ -30,69 +31,16 @@ import time
 from pathlib import Path
 
 import numpy as np
-import tiktoken
 
 from configurator import DATASET
+from tokens import EOT, ROOT, dataset_dir, get_tokenizer, gpt2_encoding
 
-ROOT = Path(__file__).parent
 SHAKESPEARE = ROOT / "data/raw/tinyshakespeare.txt"
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
-GPT2_RANKS = ROOT / "data/raw/gpt2.tiktoken"
-GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
-GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-EOT = 50256
 # the fewest tokens a split may hold: train.py draws a sequence of block_size inputs and their next tokens
 # from more than block_size + 1 tokens, so even block_size=1 needs 3; fewer is a broken set, not a small one
 MIN_SPLIT_TOKENS = 3
 FINEWEB = "HuggingFaceFW/fineweb-edu (sample-10BT, streaming)"
-
-# -----------------------------------------------------------------------------
-# tokenizers (also used by train.py and sample.py)
-
-@functools.lru_cache
-def gpt2_encoding(path=GPT2_RANKS, sha256=GPT2_RANKS_SHA256):
-    """GPT-2's BPE built from the vendored ranks file: tiktoken.get_encoding("gpt2") would download it."""
-    path = Path(path)
-    if not path.is_file():
-        raise SystemExit(f"error: GPT-2 vocabulary file {path} is missing: restore it from git.")
-    data = path.read_bytes()
-    if hashlib.sha256(data).hexdigest() != sha256:
-        raise SystemExit(f"error: GPT-2 vocabulary file {path} has the wrong sha256 (damaged or not GPT-2's ranks): restore it from git.")
-    # parsed here, not by tiktoken.load.load_tiktoken_bpe: that one keeps a copy in /tmp keyed by
-    # the path and serves it even after the file itself is gone or changed
-    ranks = {base64.b64decode(tok): int(rank) for tok, rank in (line.split() for line in data.splitlines() if line)}
-    return tiktoken.Encoding(name="gpt2", pat_str=GPT2_PAT, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": EOT})
-
-def load_meta(data_dir):
-    path = Path(data_dir) / "meta.json"
-    if not path.is_file():
-        name = Path(data_dir).name
-        cmd = name if name in ("shakespeare_char", "shakespeare", "fineweb_edu") else f"text --input FILE --name {name}"
-        raise SystemExit(f"error: no prepared data in {data_dir} (meta.json missing): run `python prepare_data.py {cmd}` first")
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:   # JSONDecodeError is a ValueError
-        raise SystemExit(f"error: {path} is not valid JSON ({e}): prepare the dataset again") from None
-    missing = [k for k in ("tokenizer", "vocab_size") if not isinstance(meta, dict) or k not in meta]
-    if missing:
-        raise SystemExit(f"error: {path} lacks {', '.join(missing)}: prepare the dataset again")
-    return meta
-
-def get_tokenizer(meta):
-    """(encode, decode) for the tokenizer a meta.json names."""
-    if meta["tokenizer"] == "gpt2":
-        enc = gpt2_encoding()
-        return enc.encode_ordinary, enc.decode
-    if meta["tokenizer"] == "char":
-        chars = meta["chars"]
-        stoi = {c: i for i, c in enumerate(chars)}
-        def encode(s):
-            try:
-                return [stoi[c] for c in s]
-            except KeyError as e:
-                raise ValueError(f"character {e.args[0]!r} is not in this char-level vocabulary") from None
-        return encode, lambda ids: "".join(chars[i] for i in ids)
-    raise SystemExit(f"error: unknown tokenizer {meta['tokenizer']!r} in meta.json (expected 'char' or 'gpt2')")
 
 # -----------------------------------------------------------------------------
 # writing token files
@@ -123,9 +71,10 @@ def to_uint16(ids):
 @contextlib.contextmanager
 def staged_bins(out_dir):
     """Yields open train/val files; they get their final names only if the block succeeds."""
-    # the long work goes to .tmp files, so a crash or error leaves any earlier complete set untouched
+    # the long work goes to .tmp<pid> files (this writer's own), so a crash or error leaves any earlier
+    # complete set untouched
     out_dir.mkdir(parents=True, exist_ok=True)
-    tmps = [out_dir / "train.bin.tmp", out_dir / "val.bin.tmp"]
+    tmps = [out_dir / f"train.bin.tmp{os.getpid()}", out_dir / f"val.bin.tmp{os.getpid()}"]
     try:
         with open(tmps[0], "wb") as train_f, open(tmps[1], "wb") as val_f:
             yield train_f, val_f
@@ -143,7 +92,7 @@ def staged_bins(out_dir):
             tmp.unlink(missing_ok=True)
 
 def write_meta(out_dir, meta):
-    tmp = out_dir / "meta.json.tmp"
+    tmp = out_dir / f"meta.json.tmp{os.getpid()}"
     with open(tmp, "w") as f:
         json.dump(meta, f, indent=2, ensure_ascii=False)
         f.flush()
@@ -235,9 +184,14 @@ def encode_batch(docs):
             b"".join(sha for _, sha in encoded))
 
 def batches(docs, chars=1 << 20):
-    """Lists of consecutive documents of about `chars` characters in all."""
+    """Lists of consecutive documents of about `chars` characters in all; a document that is not text (a null,
+    missing or numeric field of a row) stops the run here, in the parent, as one sentence."""
     batch, n = [], 0
-    for doc in docs:
+    for i, doc in enumerate(docs):
+        if not isinstance(doc, str):   # raised in the pool's feeder thread: it comes back as a DownloadError
+            raise DownloadError(f"error: document {i:,} of the source is {type(doc).__name__} {str(doc)[:40]!r}, "
+                                "not text (a null, missing or numeric field in a row?): fix or drop that row "
+                                "(nothing was written)")
         batch.append(doc)
         n += len(doc)
         if n >= chars:
@@ -361,6 +315,16 @@ def dataset_name(name):
         raise argparse.ArgumentTypeError(f"{name!r} is not one folder name (letters, digits, _ . -; no '/' or '..')")
     return name
 
+def count(text):
+    """A whole number >= 1, also written as 1e9: --num_tokens, --val_tokens, --num_proc."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value >= 1 and value == int(value)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return int(value)
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
@@ -375,24 +339,29 @@ def main(argv=None):
     f = sub.add_parser("fineweb_edu", help="a FineWeb-Edu sample (needs `datasets`; network unless --data_files)")
     f.add_argument("--data_files", help="a glob of local .parquet or .jsonl files (quoted) instead of the hub")
     f.add_argument("--text_field", default="text", help="the column of the documents' text (with --data_files)")
-    f.add_argument("--num_tokens", type=lambda s: int(float(s)), default=10**9, help="train + val tokens")
-    f.add_argument("--val_tokens", type=lambda s: int(float(s)), help="first tokens kept for val (default 0.5%%)")
+    f.add_argument("--num_tokens", type=count, default=10**9, help="train + val tokens")
+    f.add_argument("--val_tokens", type=count, help="first tokens kept for val (default 0.5%%)")
     f.add_argument("--name", default="fineweb_edu", type=dataset_name)
     f.add_argument("--out_dir", help="default: data/<name>")
-    f.add_argument("--num_proc", "--processes", dest="processes", type=int, help="tokenizer processes (default: all cores)")
+    f.add_argument("--num_proc", "--processes", dest="processes", type=count, help="tokenizer processes (default: all cores)")
     args = p.parse_args(argv)
 
     name = getattr(args, "name", None) or args.command
-    out_dir = Path(args.out_dir) if args.out_dir else ROOT / "data" / name
+    out_dir = Path(args.out_dir) if args.out_dir else dataset_dir(name)   # where train.py looks
     if out_dir.exists() and not out_dir.is_dir():
         raise SystemExit(f"error: --out_dir {out_dir} is a file, not a folder: pick another --out_dir")
-    if args.command == "fineweb_edu":
-        prepare_fineweb(out_dir, name, args.num_tokens, args.val_tokens, args.processes, args.data_files, args.text_field)
-    elif args.command == "text":
-        prepare_text(args.input, out_dir, name, args.tokenizer, args.val_fraction)
-    else:
-        tokenizer = "char" if args.command == "shakespeare_char" else "gpt2"
-        prepare_text(SHAKESPEARE, out_dir, name, tokenizer, args.val_fraction, SHAKESPEARE_SHA256)
+    try:
+        if args.command == "fineweb_edu":
+            prepare_fineweb(out_dir, name, args.num_tokens, args.val_tokens, args.processes, args.data_files, args.text_field)
+        elif args.command == "text":
+            prepare_text(args.input, out_dir, name, args.tokenizer, args.val_fraction)
+        else:
+            tokenizer = "char" if args.command == "shakespeare_char" else "gpt2"
+            prepare_text(SHAKESPEARE, out_dir, name, tokenizer, args.val_fraction, SHAKESPEARE_SHA256)
+    except OSError as e:   # a full disk, a read-only folder: the .tmp files are gone, an earlier complete set stays
+        why = "the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else (e.strerror or str(e))
+        raise SystemExit(f"error: cannot write {e.filename or out_dir} ({why}): fix that and run again "
+                         f"({out_dir} keeps its earlier set, if it had one)") from None
 
 if __name__ == "__main__":
     main()

@@ -6,7 +6,6 @@ Sample from a trained model: the newest complete checkpoint of out_dir.
 
 Config files given as arguments are Python and are executed, as in train.py: run only those you trust.
 """
-import os
 import sys
 
 import torch
@@ -14,7 +13,7 @@ import torch
 import checkpoint
 from configurator import SAMPLE_RULES, ConfigError, check_device, configure
 from model import default_device
-from prepare_data import get_tokenizer, load_meta
+from tokens import dataset_dir, get_tokenizer, load_meta, meta_problem
 
 out_dir = "out"
 start = "\n"            # the prompt, or FILE:path to read it from a file
@@ -37,10 +36,16 @@ try:
 except checkpoint.CheckpointError as e:
     sys.exit(f"error: {e}")
 model.eval().to(device)
-meta = load_meta(os.path.join("data", ckpt["config"]["dataset"]))
-if meta["vocab_size"] != ckpt["model_args"]["vocab_size"]:   # the dataset was prepared again, another tokenizer or text
-    sys.exit(f"error: {path} was trained on a vocabulary of {ckpt['model_args']['vocab_size']} tokens, but "
-             f"data/{ckpt['config']['dataset']}/meta.json now has {meta['vocab_size']}: prepare that dataset as it was for this checkpoint")
+# the vocabulary the run recorded; a checkpoint from before that record: its dataset's meta.json, if it still fits
+meta, source = ckpt.get("vocab"), f"{path}'s vocabulary"
+if meta is None:
+    meta = load_meta(dataset_dir(str(ckpt["config"].get("dataset"))))
+    source = f"data/{ckpt['config'].get('dataset')}/meta.json"
+elif not isinstance(meta, dict) or {"tokenizer", "vocab_size"} - meta.keys() or meta_problem(meta):
+    sys.exit(f"error: {path} records a vocabulary that is not one (corrupt or edited): sample from another checkpoint")
+if meta["vocab_size"] != ckpt["model_args"].get("vocab_size"):   # prepared again: another tokenizer or text
+    sys.exit(f"error: {path} was trained on a vocabulary of {ckpt['model_args'].get('vocab_size')} tokens, but "
+             f"{source} has {meta['vocab_size']}: prepare that dataset as it was for this checkpoint")
 encode, decode = get_tokenizer(meta)
 
 if start.startswith("FILE:"):

@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import checkpoint
 from configurator import TRAIN_RULES, ConfigError, check_device, configure
 from model import GPT, GPTConfig, default_device, optimizer_step, peak_flops
-from prepare_data import load_meta
+from tokens import dataset_dir, load_meta, vocabulary
 
 # -----------------------------------------------------------------------------
 # I/O
@@ -94,6 +94,15 @@ if ddp:
 else:
     rank, world_size = 0, 1
 master = rank == 0
+if ddp:   # one configuration for all: a config that reads RANK would hang the job (max_iters) or train silently wrong
+    configs = [None] * world_size
+    dist.all_gather_object(configs, config)
+    differ = [k for k in config if any(c.get(k) != config[k] for c in configs)]
+    if differ:   # every process finds it; the master says it
+        by_rank = ", ".join(repr(c.get(differ[0])) for c in configs)
+        sys.exit((f"error: the {world_size} processes run different configurations ({', '.join(differ)}; "
+                  f"{differ[0]}={by_rank} by rank): a config must not depend on the process; give all the same one")
+                 if master else 1)
 if gradient_accumulation_steps % world_size:
     sys.exit(f"error: gradient_accumulation_steps={gradient_accumulation_steps} is not a multiple of the {world_size} processes "
              "(it counts micro-steps over all of them): set it to a multiple of the process count")
@@ -108,13 +117,29 @@ if master:
           f"({accum} micro-steps x {world_size} processes x {batch_size} x {block_size})")
 
 # ---- data: uint16 token files; batches depend only on (seed, step, micro-step) -------------
-data_dir = os.path.join("data", dataset)
+data_dir = str(dataset_dir(dataset))
 meta = load_meta(data_dir)
 
 
+token_files = {}   # split -> (inode, size, mtime) of the file checked at start: read only while it stays that file
+
+
+def file_id(path):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def split_tokens(split):
+    """The split's tokens; a file changed since check_split (truncated, prepared again) is one sentence."""
+    path = os.path.join(data_dir, f"{split}.bin")
+    if split in token_files and file_id(path) != token_files[split]:
+        sys.exit(f"error: {path} changed under the running trainer (cut short, replaced or removed): restore it "
+                 "as it was, then continue from the last checkpoint with --init_from=resume")
     # a new memmap each time: a long-lived one grows the process's memory (nanoGPT's note)
-    return np.memmap(os.path.join(data_dir, f"{split}.bin"), dtype=np.uint16, mode="r")
+    return np.memmap(path, dtype=np.uint16, mode="r")
 
 
 def check_split(split):
@@ -126,6 +151,7 @@ def check_split(split):
     if os.path.getsize(path) % 2:   # uint16 tokens: two bytes each
         sys.exit(f"error: {path} has an odd number of bytes ({os.path.getsize(path):,}): it is cut short or not uint16 "
                  "tokens; prepare the dataset again")
+    token_files[split] = file_id(path)
     data = split_tokens(split)
     if len(data) <= block_size + 1:
         sys.exit(f"error: {path} has {len(data)} tokens, not more than block_size={block_size} + 1: "
@@ -188,6 +214,10 @@ if init_from == "resume":
     if mismatched:
         sys.exit(f"error: {ckpt_path} was trained with a different model or optimizer; mismatched keys (checkpoint, requested): "
                  + ", ".join(f"{k}=({a!r}, {b!r})" for k, (a, b) in mismatched.items()))
+    if ckpt.get("vocab", vocabulary(meta)) != vocabulary(meta):   # a checkpoint before the record: not checked
+        sys.exit(f"error: {ckpt_path} was trained on another vocabulary than {data_dir}/meta.json now holds "
+                 f"(the same token ids would mean other text): prepare --dataset={dataset} as it was, "
+                 "or train into a new out_dir")
     iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
     if master:
         print(f"resuming from {ckpt_path} at iteration {iter_num}")
@@ -238,12 +268,16 @@ def make_optimizers():
 
 
 optimizers = make_optimizers()
+param_names = {p: name for name, p in raw_model.named_parameters()}   # each optimizer state names its parameter
 if ckpt:
-    for opt, state in zip(optimizers, ckpt["optimizers"]):
-        config_hparams = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
-        opt.load_state_dict(state)   # this also restores the saved lr, weight decay, betas...
-        for group, hparams in zip(opt.param_groups, config_hparams):
-            group.update(hparams)    # ...but the config of this run is the one to follow
+    config_hparams = [[{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups] for opt in optimizers]
+    try:   # checked against the model first; loading also restores the saved lr, weight decay, betas...
+        checkpoint.restore_optimizers(optimizers, ckpt["optimizers"], param_names, ckpt_path)
+    except checkpoint.CheckpointError as e:
+        sys.exit(f"error: {e}")
+    for opt, hparams in zip(optimizers, config_hparams):
+        for group, h in zip(opt.param_groups, hparams):
+            group.update(h)    # ...but the config of this run is the one to follow
 ckpt = None   # free memory
 if compile:
     model = torch.compile(model)
@@ -263,8 +297,9 @@ def save_checkpoint():
     stop_if_diverged("a weight", math.nan if bad[1] else 0.0)
     path = None
     if master:
-        state = {"model": raw_model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
-                 "model_args": model_args, "config": config, "iter_num": iter_num, "best_val_loss": best_val_loss}
+        state = {"model": raw_model.state_dict(),
+                 "optimizers": [checkpoint.optimizer_state(o, param_names) for o in optimizers], "model_args": model_args, "config": config, "iter_num": iter_num, "best_val_loss": best_val_loss,
+                 "vocab": vocabulary(meta)}
         try:
             path = checkpoint.save(out_dir, state, iter_num, keep_checkpoints)
         except checkpoint.CheckpointError as e:   # a full disk: `latest` still names the previous checkpoint
@@ -317,8 +352,9 @@ if master:
         if init_from == "scratch":
             checkpoint.clear_run(out_dir)   # a former run is here only with --overwrite=True (check_out_dir)
         else:
+            checkpoint.private_file(metrics_path)   # a link would log into another run's (or any) file
             checkpoint.trim_metrics(metrics_path, iter_num)
-        metrics_file = open(metrics_path, "a")
+        metrics_file = checkpoint.open_append(metrics_path)
     except checkpoint.CheckpointError as e:
         sys.exit(f"error: {e}")
     except OSError as e:
@@ -364,7 +400,9 @@ start_iter, last_ckpt = iter_num, (ckpt_path if init_from == "resume" else None)
 step_loss = torch.zeros((), device=device)   # the last step's loss, checked before every save
 t0, timed_steps = time.perf_counter(), 0
 while True:
-    if (iter_num % eval_interval == 0 or iter_num == max_iters) and not (iter_num == start_iter and start_iter > 0):
+    # a resumed run's first step was evaluated before its checkpoint was saved (a stop signal during the
+    # step-0 evaluation saves ckpt_0000000.pt after it): not again
+    if (iter_num % eval_interval == 0 or iter_num == max_iters) and not (iter_num == start_iter and init_from == "resume"):
         losses = evaluate()
         if master:
             print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")

@@ -1,6 +1,7 @@
 """export_hf.py: the exported Hugging Face model computes what the checkpoint computes (paper 2.2: the
 Input-Norm vectors fold away), the refusals, and the GPT-2 tokenizer files. transformers and safetensors
 are test-only dependencies (requirements-test.txt); the tests that need them are skipped without them."""
+import errno
 import json
 import os
 
@@ -123,7 +124,7 @@ def test_gpt2_tokenizer_files_load_offline_and_match_tiktoken(tmp_path, monkeypa
     tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
     assert tok("Hello world")["input_ids"] == [15496, 995]
     assert tok.eos_token_id == 50256 and len(tok) == 50257
-    from prepare_data import ROOT, gpt2_encoding
+    from tokens import ROOT, gpt2_encoding
     text = (ROOT / "data/raw/tinyshakespeare.txt").read_text(encoding="utf-8")[:5000]
     text += " naïve café 日本語 🤖  \n\n\t 12345 it's  we'll   x"   # multi-byte characters, runs of spaces
     ids = gpt2_encoding().encode_ordinary(text)
@@ -136,8 +137,11 @@ def write_run(folder, cfg, dataset, tokenizer):
     model_args = {f: getattr(cfg, f) for f in cfg.__dataclass_fields__}
     checkpoint.save(str(folder / "out"), {"model": model.state_dict(), "optimizers": [], "model_args": model_args,
                                           "config": {"dataset": dataset}, "iter_num": 7, "best_val_loss": 1.0}, 7)
+    meta = {"tokenizer": tokenizer, "vocab_size": cfg.vocab_size}
+    if tokenizer == "char":
+        meta["chars"] = "".join(map(chr, range(33, 33 + cfg.vocab_size)))
     (folder / "data" / dataset).mkdir(parents=True)
-    (folder / "data" / dataset / "meta.json").write_text(json.dumps({"tokenizer": tokenizer, "vocab_size": cfg.vocab_size}))
+    (folder / "data" / dataset / "meta.json").write_text(json.dumps(meta))
     return model
 
 
@@ -184,3 +188,84 @@ def test_command_never_replaces_a_folder_that_is_not_an_export(tmp_path, monkeyp
         assert str(e.value) == f"error: --to={to} {why}" + (
             ", and an export replaces its folder whole: give a new folder" if why != "is a file" else ": give a folder for the export")
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+# ---- issue 20: the export writes only its own folder, and checks what it reads --------------------------------
+
+def exported_state():
+    return export_hf.hf_export(randomized(GPTConfig(**TINY)))
+
+
+def test_an_export_never_deletes_a_folder_it_did_not_create(tmp_path):
+    """`<--to>.old` and `<--to>.tmp` are someone's (a run named r.old): the export's temporary folders are its own."""
+    pytest.importorskip("safetensors")
+    for name in ("r.old", "r.tmp"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "ckpt_0000010.pt").write_text("a run")
+    config, state = exported_state()
+    for _ in range(2):   # a new folder, then over the earlier export
+        export_hf.save(config, state, str(tmp_path / "r"))
+    assert sorted(os.listdir(tmp_path)) == ["r", "r.old", "r.tmp"]
+    assert all((tmp_path / n / "ckpt_0000010.pt").read_text() == "a run" for n in ("r.old", "r.tmp"))
+    assert sorted(os.listdir(tmp_path / "r")) == ["config.json", "model.safetensors"]
+
+
+def test_a_failed_write_is_one_sentence_and_leaves_the_earlier_export(tmp_path, monkeypatch):
+    pytest.importorskip("safetensors")
+    import safetensors.torch
+    config, state = exported_state()
+    export_hf.save(config, state, str(tmp_path / "r"))
+    before = {p.name: p.read_bytes() for p in (tmp_path / "r").iterdir()}
+
+    def full_disk(*args, **kw):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    with pytest.raises(export_hf.ExportError, match=r"^cannot write the export to .*r \(the disk is full\): what was there is as it was"):
+        export_hf.save(config, state, str(tmp_path / "r"))
+
+    def another_export_lands(path, *args, **kw):   # a second export to the same --to finishes first
+        (tmp_path / "r2").mkdir()
+        (tmp_path / "r2" / "config.json").write_text("the other export")
+        open(path, "wb").close()
+    monkeypatch.setattr(safetensors.torch, "save_file", lambda state, path, **kw: another_export_lands(path))
+    export_hf.save(config, state, str(tmp_path / "r2"))   # the last one wins, whole
+    assert json.loads((tmp_path / "r2" / "config.json").read_text()) == config
+    assert sorted(os.listdir(tmp_path)) == ["r", "r2"]   # no temporary folder left
+    assert {p.name: p.read_bytes() for p in (tmp_path / "r").iterdir()} == before
+
+
+def test_command_refuses_a_link_or_a_path_inside_a_file_as_to(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_run(tmp_path, GPTConfig(**TINY), "tiny", "char")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "README.md").write_text("mine")
+    for to, why in (("link", "is a symbolic link"), ("README.md/x", "is inside"), ("README.md/x/y", "which is a file")):
+        with pytest.raises(SystemExit) as e:
+            export_hf.main(["--out_dir=out", f"--to={to}"])
+        assert str(e.value).startswith(f"error: --to={to} ") and why in str(e.value) and "\n" not in str(e.value)
+    assert (tmp_path / "link").is_symlink() and os.listdir(tmp_path / "elsewhere") == []
+
+
+def test_command_refuses_a_nan_checkpoint_and_a_nan_verification(tmp_path, monkeypatch):
+    pytest.importorskip("safetensors")
+    monkeypatch.chdir(tmp_path)
+    model = write_run(tmp_path, GPTConfig(**TINY), "tiny", "char")
+    monkeypatch.setattr(export_hf, "compare", lambda model, folder: (float("nan"), 0.0))
+    with pytest.raises(SystemExit, match="^error: the export's logits differ from the checkpoint's by nan"):
+        export_hf.main(["--out_dir=out", "--to=hf/run"])
+    state = checkpoint.load_latest("out")[1]
+    state["model"]["wte.weight"][0, 0] = float("nan")
+    checkpoint.save("out", state, 8)
+    with pytest.raises(SystemExit, match=r"^error: checkpoint out/ckpt_0000008.pt holds non-finite weights \(wte.weight\)"):
+        export_hf.main(["--out_dir=out", "--to=hf/run2"])
+    assert not os.path.exists("hf/run2")
+
+
+def test_the_tokenizer_is_the_runs_not_todays_meta_json(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_run(tmp_path, GPTConfig(**TINY), "tiny", "char")
+    state = checkpoint.load_latest("out")[1]
+    assert export_hf.tokenizer_of(state) == "char"   # a checkpoint without the record: from meta.json
+    state["vocab"] = {"tokenizer": "gpt2", "vocab_size": 50257}
+    assert export_hf.tokenizer_of(state) == "gpt2"   # the run's own record wins over today's meta.json

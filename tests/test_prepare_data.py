@@ -1,3 +1,4 @@
+import errno
 import hashlib
 import json
 import os
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 import prepare_data
+import tokens
 
 EOT = 50256
 TEXT = "First Citizen:\nBefore we proceed, hear me speak.\n\nAll:\nSpeak, speak. Ünïcödé — 你好 🙂\r\n\ttabs\n" * 20
@@ -44,46 +46,46 @@ def snapshot(d):
 # --- tokenizers ----------------------------------------------------------------
 
 def test_gpt2_matches_gpt2():
-    assert prepare_data.gpt2_encoding().encode_ordinary("Hello world") == [15496, 995]
-    encode, _ = prepare_data.get_tokenizer({"tokenizer": "gpt2"})
+    assert tokens.gpt2_encoding().encode_ordinary("Hello world") == [15496, 995]
+    encode, _ = tokens.get_tokenizer({"tokenizer": "gpt2"})
     assert encode("Hello world") == [15496, 995]
-    assert prepare_data.gpt2_encoding().n_vocab == 50257
+    assert tokens.gpt2_encoding().n_vocab == 50257
 
 
 @pytest.mark.parametrize("tokenizer", ["char", "gpt2"])
 def test_roundtrip(tokenizer):
     meta = {"tokenizer": tokenizer, "chars": "".join(sorted(set(TEXT)))}
-    encode, decode = prepare_data.get_tokenizer(meta)
+    encode, decode = tokens.get_tokenizer(meta)
     ids = encode(TEXT)
     assert decode(ids) == TEXT
     assert len(ids) < len(TEXT) if tokenizer == "gpt2" else len(ids) == len(TEXT)
 
 
 def test_char_encode_unknown_character():
-    encode, _ = prepare_data.get_tokenizer({"tokenizer": "char", "chars": "ab"})
+    encode, _ = tokens.get_tokenizer({"tokenizer": "char", "chars": "ab"})
     with pytest.raises(ValueError, match="'z'"):
         encode("abz")
 
 
 def test_gpt2_ranks_wrong_hash_or_missing(tmp_path):
     bad = tmp_path / "gpt2.tiktoken"
-    data = bytearray(prepare_data.GPT2_RANKS.read_bytes())
+    data = bytearray(tokens.GPT2_RANKS.read_bytes())
     data[100] ^= 1
     bad.write_bytes(bytes(data))
     with pytest.raises(SystemExit) as e:
-        prepare_data.gpt2_encoding(bad)
+        tokens.gpt2_encoding(bad)
     assert str(bad) in error_of(e) and "sha256" in error_of(e)
     with pytest.raises(SystemExit) as e:
-        prepare_data.gpt2_encoding(tmp_path / "gone.tiktoken")
+        tokens.gpt2_encoding(tmp_path / "gone.tiktoken")
     assert "gone.tiktoken" in error_of(e) and "missing" in error_of(e)
 
 
 def test_load_meta_missing_names_the_command(tmp_path):
     with pytest.raises(SystemExit) as e:
-        prepare_data.load_meta(tmp_path / "shakespeare_char")
+        tokens.load_meta(tmp_path / "shakespeare_char")
     assert "python prepare_data.py shakespeare_char" in error_of(e)
     with pytest.raises(SystemExit) as e:
-        prepare_data.load_meta(tmp_path / "mybook")
+        tokens.load_meta(tmp_path / "mybook")
     assert "text --input FILE --name mybook" in error_of(e)
 
 
@@ -94,7 +96,7 @@ def test_chunked_gpt2_encoding_equals_whole():
     text = prepare_data.SHAKESPEARE.read_text()[:200_000] + noise
     chunks = list(prepare_data.text_chunks(text, size=5_000))
     assert len(chunks) > 50 and "".join(chunks) == text
-    enc = prepare_data.gpt2_encoding()
+    enc = tokens.gpt2_encoding()
     assert [t for c in chunks for t in enc.encode_ordinary(c)] == enc.encode_ordinary(text)
 
 
@@ -115,7 +117,7 @@ def test_uint16_overflow_is_an_error(tmp_path):
 def test_text_bins_decode_to_train_and_val_text(tmp_path, tokenizer):
     out = prepare(tmp_path, TEXT, tokenizer)
     meta, train, val = read_set(out)
-    _, decode = prepare_data.get_tokenizer(meta)
+    _, decode = tokens.get_tokenizer(meta)
     n = int(len(TEXT) * 0.9)
     assert decode(train.tolist()) == TEXT[:n] and decode(val.tolist()) == TEXT[n:]
     assert (meta["train_tokens"], meta["val_tokens"]) == (len(train), len(val))
@@ -183,7 +185,7 @@ def test_crash_before_meta_never_pairs_old_meta_with_new_bins(tmp_path, monkeypa
     assert not (out / "meta.json").exists()  # the set is marked incomplete
     prepare(tmp_path, TEXT)  # so this rebuilds instead of trusting sizes
     meta, train, val = read_set(out)
-    assert prepare_data.get_tokenizer(meta)[1](train.tolist() + val.tolist()) == TEXT
+    assert tokens.get_tokenizer(meta)[1](train.tolist() + val.tolist()) == TEXT
 
 
 def test_shakespeare_char(tmp_path):
@@ -210,7 +212,7 @@ DOCS = ["doc one", "the second document, a bit longer", "doc three\nwith a newli
 
 
 def stream_of(docs):
-    enc = prepare_data.gpt2_encoding()
+    enc = tokens.gpt2_encoding()
     return [t for d in docs for t in [EOT] + enc.encode_ordinary(d)]
 
 
@@ -316,7 +318,7 @@ def test_fineweb_from_local_shards_offline_decodes_to_the_documents(tmp_path, mo
             "--num_proc", "2", "--out_dir", str(out)]
     prepare_data.main(args)
     meta, train, val = read_set(out)
-    _, decode = prepare_data.get_tokenizer(meta)
+    _, decode = tokens.get_tokenizer(meta)
     assert decode(val.tolist() + train.tolist()) == "".join("<|endoftext|>" + d for d in docs)   # shards in order
     assert len(val) == meta["val_tokens"] == 100 and meta["train_tokens"] == len(train)
     assert meta["source"] == f"local {'parquet' if fmt == 'parquet' else 'json'} files: {shards}/*.{fmt}"
@@ -360,3 +362,86 @@ def test_a_name_that_is_not_one_folder_is_refused_before_anything_is_written(tmp
         prepare_data.main(["text", "--input", "in.txt", "--name", name])
     assert e.value.code == 2 and "is not one folder name" in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path)) == ["in.txt"]
+
+
+# --- the data folder and meta.json's values (issue 20, items 18 and 20) ------------------------------------------
+
+def test_a_dataset_is_prepared_where_train_py_looks_for_it(tmp_path, monkeypatch):
+    """One rule for every tool: data/<name> under the working directory, wherever the scripts live."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.txt").write_text("some text to prepare, long enough for both splits " * 4)
+    prepare_data.main(["text", "--input", "in.txt", "--name", "here", "--tokenizer", "char"])
+    assert (tmp_path / "data" / "here" / "meta.json").is_file()
+    assert tokens.load_meta(tokens.dataset_dir("here"))["tokenizer"] == "char"
+    with pytest.raises(SystemExit) as e:   # and the error for a missing one names that folder
+        tokens.load_meta(tokens.dataset_dir("elsewhere"))
+    assert f"working directory, {tmp_path}" in error_of(e)
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"vocab_size": "65"}, "has vocab_size='65', not a whole number from 1 to 65536"),
+    ({"vocab_size": True}, "has vocab_size=True"),
+    ({"vocab_size": 70000}, "not a whole number from 1 to 65536"),
+    ({"chars": None}, "has no 'chars' string of vocab_size=3 distinct characters (chars: NoneType)"),
+    ({"chars": "abcd"}, "(chars: str of 4)"),
+    ({"chars": "aab"}, "distinct characters"),
+    ({"tokenizer": "bpe"}, "names tokenizer 'bpe', not 'char' or 'gpt2'"),
+    ({"tokenizer": "gpt2"}, "has vocab_size=3 for GPT-2's BPE, which has 50257"),
+])
+def test_meta_json_values_are_checked_in_one_sentence(tmp_path, change, words):
+    meta = {"tokenizer": "char", "vocab_size": 3, "chars": "abc", **change}
+    (tmp_path / "meta.json").write_text(json.dumps({k: v for k, v in meta.items() if v is not None}))
+    with pytest.raises(SystemExit) as e:
+        tokens.load_meta(tmp_path)
+    msg = error_of(e)
+    assert msg.startswith(f"error: {tmp_path / 'meta.json'} ") and words in msg and msg.endswith(": prepare the dataset again")
+
+
+# --- bad sources and a full disk: one sentence, nothing replaced (issue 20, item 17) --------------------------
+
+@pytest.mark.parametrize("arg", [["--num_tokens", "inf"], ["--num_tokens", "nan"], ["--num_tokens", "0"],
+                                 ["--val_tokens", "1.5"], ["--num_proc", "0"], ["--num_proc", "x"]])
+def test_bad_counts_are_one_argparse_line(tmp_path, capsys, arg):
+    with pytest.raises(SystemExit) as e:
+        prepare_data.main(["fineweb_edu", *arg, "--out_dir", str(tmp_path / "fw")])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 2 and "fineweb_edu: error: argument" in err and f"{arg[1]!r}" in err, err
+    assert not (tmp_path / "fw").exists()
+
+
+@pytest.mark.parametrize("rows,what", [([{"text": "a doc"}, {"text": None}], "NoneType"),
+                                       ([{"text": "a doc"}, {"id": 2}], "NoneType"),   # a row without the field
+                                       ([{"text": 7}], "int")])
+def test_a_row_without_text_is_one_sentence(tmp_path, rows, what):
+    pytest.importorskip("datasets")
+    (tmp_path / "shards").mkdir()
+    (tmp_path / "shards" / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(SystemExit) as e:
+        prepare_data.main(["fineweb_edu", "--data_files", str(tmp_path / "shards" / "*.jsonl"), "--num_proc", "1",
+                           "--num_tokens", "1000", "--out_dir", str(tmp_path / "fw")])
+    assert f"is {what}" in error_of(e) and "not text" in error_of(e) and "fix or drop that row" in error_of(e)
+    assert not (tmp_path / "fw" / "meta.json").exists()
+
+
+def test_a_full_disk_is_one_sentence_and_keeps_the_earlier_set(tmp_path, monkeypatch):
+    out = prepare(tmp_path, TEXT, "char")
+    before = snapshot(out)
+
+    class FullDisk:
+        def __init__(self, path, mode="r", *args, **kw):
+            self.f = open(path, mode, *args, **kw)
+        def write(self, b):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.f.name))
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+        def __enter__(self):
+            return self
+        def __exit__(self, *exc):
+            self.f.close()
+    (tmp_path / "input.txt").write_text(TEXT + "more text ")   # another source: prepared again
+    monkeypatch.setattr(prepare_data, "open", FullDisk, raising=False)
+    with pytest.raises(SystemExit) as e:
+        prepare_data.main(["text", "--input", str(tmp_path / "input.txt"), "--name", "tiny", "--tokenizer", "char",
+                           "--out_dir", str(out)])
+    assert "train.bin.tmp" in error_of(e) and "(the disk is full)" in error_of(e) and "keeps its earlier set" in error_of(e)
+    assert snapshot(out) == before

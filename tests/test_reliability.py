@@ -246,7 +246,7 @@ def test_bad_data_says_what_to_run(workdir, fault, message):
     shutil.copytree(workdir / "data" / "tiny", bad)
     meta = json.loads((bad / "meta.json").read_text())
     if fault in ("vocab", "no_vocab"):
-        (bad / "meta.json").write_text(json.dumps({**meta, "vocab_size": 10} if fault == "vocab" else
+        (bad / "meta.json").write_text(json.dumps({**meta, "vocab_size": 10, "chars": meta["chars"][:10]} if fault == "vocab" else
                                                   {k: v for k, v in meta.items() if k != "vocab_size"}))
     elif fault == "torn_bin":   # a copy cut short mid-token
         (bad / "train.bin").write_bytes((bad / "train.bin").read_bytes()[:-1])
@@ -459,21 +459,227 @@ def sample_run(workdir):
     (["--start=FILE:binary.bin"], "cannot read the prompt file 'binary.bin' (not UTF-8 text)"),
     (["--device=cuda"], "no CUDA device"),
     (["--out_dir=out_folder_latest"], "latest cannot be read"),
-    ("revocab", "was trained on a vocabulary of 58 tokens, but data/tiny_s/meta.json now has 10"),
     (["--num_samples=0"], "num_samples=0 is out of range: it must be >= 1"),
     (["--temperature=-1"], "temperature=-1.0 is out of range: it must be >= 0"),
 ])
 def test_sample_faults_are_one_sentence(sample_run, args, message):
     if args == ["--device=cuda"] and torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    meta_path = sample_run / "data" / "tiny_s" / "meta.json"
-    meta = meta_path.read_text()
-    if args == "revocab":   # the dataset prepared again from another text: 10 characters
-        meta_path.write_text(json.dumps({**json.loads(meta), "chars": "abcdefghij", "vocab_size": 10}))
-    try:
-        p = subprocess.run([sys.executable, os.path.join(ROOT, "sample.py"), "--out_dir=out_sample", "--max_new_tokens=2",
-                            *([] if args == "revocab" else args)], cwd=sample_run, env=ENV, capture_output=True, text=True, timeout=120)
-    finally:
-        meta_path.write_text(meta)
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "sample.py"), "--out_dir=out_sample", "--max_new_tokens=2", *args],
+                       cwd=sample_run, env=ENV, capture_output=True, text=True, timeout=120)
     assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
     assert message in p.stderr.strip().splitlines()[-1], p.stderr
+
+
+@pytest.mark.slow
+def test_sample_decodes_with_the_runs_own_vocabulary(sample_run):
+    """The dataset prepared again from another text of as many characters: the run's ids still mean its own."""
+    meta_path = sample_run / "data" / "tiny_s" / "meta.json"
+    meta = meta_path.read_text()
+    greek = "".join(chr(0x391 + i) for i in range(json.loads(meta)["vocab_size"]))
+    meta_path.write_text(json.dumps({**json.loads(meta), "chars": greek}))
+    try:
+        p = subprocess.run([sys.executable, os.path.join(ROOT, "sample.py"), "--out_dir=out_sample", "--max_new_tokens=50",
+                            "--start=A", "--num_samples=1"], cwd=sample_run, env=ENV, capture_output=True, text=True, timeout=120)
+    finally:
+        meta_path.write_text(meta)
+    assert p.returncode == 0, p.stderr
+    text = p.stdout.split("\n", 1)[1].rsplit("---", 1)[0]
+    assert len(text) > 40 and not set(text) & set(greek), text
+
+
+# ---- issue 20: nothing outside out_dir is touched, every file read is checked (in-process) -----------------
+
+@pytest.mark.parametrize("odd,other", [("g[1]", "g1"), ("x*", "xy"), ("q?", "qq")])
+def test_an_out_dir_named_with_glob_characters_touches_only_itself(tmp_path, odd, other):
+    for step in (1, 2, 3, 4):
+        checkpoint.save(tmp_path / other, fake_state(step), step, keep=10)
+    assert checkpoint.checkpoints(tmp_path / odd) == [] and checkpoint.candidates(tmp_path / odd) == []
+    for step in (1, 2):
+        checkpoint.save(tmp_path / odd, fake_state(step), step, keep=1)
+    assert len(checkpoint.checkpoints(tmp_path / other)) == 4
+    assert [os.path.basename(p) for p in checkpoint.checkpoints(tmp_path / odd)] == ["ckpt_0000002.pt"]
+
+
+def test_save_removes_only_its_own_temporary_names(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    mine, theirs = f"ckpt_0000003.pt.tmp{dead.pid}", f"notes.txt.tmp{dead.pid}"
+    for name in (mine, theirs):
+        (tmp_path / name).write_text("left by a kill -9")
+    checkpoint.save(tmp_path, fake_state(1), 1)
+    assert not (tmp_path / mine).exists() and (tmp_path / theirs).exists()
+
+
+def test_checkpoints_without_latest_are_resumed_and_a_scratch_run_is_refused(tmp_path):
+    for step in (1, 2):
+        checkpoint.save(tmp_path, fake_state(step), step)
+    os.remove(tmp_path / "latest")
+    path, state = checkpoint.load_latest(tmp_path)
+    assert state["iter_num"] == 2 and path.endswith("ckpt_0000002.pt")
+    with pytest.raises(checkpoint.CheckpointError, match=r"holds a run \(ckpt_0000002.pt\).*--overwrite=True"):
+        checkpoint.check_out_dir(tmp_path, "scratch", False)
+
+
+def test_the_lock_and_metrics_are_never_written_through_a_link(tmp_path):
+    precious = tmp_path / "precious"
+    precious.write_text("keep me")
+    a, b, c = (tmp_path / n for n in "abc")
+    for d in (a, b, c):
+        d.mkdir()
+    (a / "lock").symlink_to(precious)
+    with pytest.raises(checkpoint.CheckpointError, match="lock is a symbolic link .* remove the link"):
+        checkpoint.lock(a)
+    (a / "metrics.jsonl").symlink_to(precious)
+    with pytest.raises(checkpoint.CheckpointError, match="metrics.jsonl is a symbolic link"):
+        checkpoint.open_append(a / "metrics.jsonl")
+    assert precious.read_text() == "keep me"
+    # a run copied with `cp -al`: its files are hard links to the original's
+    (b / "lock").write_text("12345")
+    (b / "metrics.jsonl").write_text('{"kind": "train", "iter": 1}\n')
+    for name in ("lock", "metrics.jsonl"):
+        os.link(b / name, c / name)
+    checkpoint.lock(c)
+    checkpoint._lock_file.close()
+    with checkpoint.open_append(c / "metrics.jsonl") as f:
+        f.write('{"kind": "train", "iter": 2}\n')
+    assert (b / "lock").read_text() == "12345" and (c / "lock").read_text() == str(os.getpid())
+    assert (b / "metrics.jsonl").read_text().count("\n") == 1 and (c / "metrics.jsonl").read_text().count("\n") == 2
+
+
+@pytest.mark.parametrize("change,why", [
+    ({"model_args": None}, "model_args is NoneType"), ({"config": []}, "config is list"),
+    ({"iter_num": "20"}, "iter_num is str '20'"), ({"iter_num": True}, "iter_num is bool"),
+    ({"iter_num": -1}, "iter_num below 0"), ({"model": {"w": 1.0}}, "not a tensor"),
+])
+def test_a_checkpoint_with_the_right_keys_and_wrong_types_is_corrupt(tmp_path, change, why):
+    torch.save({**fake_state(2), **change}, tmp_path / "ckpt_0000002.pt")
+    with pytest.raises(checkpoint.CheckpointError, match="corrupt or not a checkpoint of this project") as e:
+        checkpoint.load(tmp_path / "ckpt_0000002.pt")
+    assert why in str(e.value)
+
+
+def test_a_checkpoint_with_non_finite_weights_is_never_the_last_good_one(tmp_path):
+    checkpoint.save(tmp_path, fake_state(1), 1)
+    state = fake_state(2)
+    state["model"]["w"][1] = float("nan")
+    checkpoint.save(tmp_path, state, 2)
+    with pytest.raises(checkpoint.CheckpointError, match=r"ckpt_0000002.pt holds non-finite weights \(w\).*--resume_fallback"):
+        checkpoint.load_latest(tmp_path)
+    assert checkpoint.load_latest(tmp_path, fallback=True)[1]["iter_num"] == 1
+
+
+def test_optimizer_state_is_checked_against_the_parameters_it_is_restored_onto():
+    from helpers import make
+    model = make()
+    names = {p: n for n, p in model.named_parameters()}
+    params = list(model.parameters())
+    fresh = lambda: torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    opt = fresh()
+    model(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long))[1].backward()
+    opt.step()
+    saved = checkpoint.optimizer_state(opt, names)
+    restored = fresh()
+    checkpoint.restore_optimizers([restored], [saved], names, "ckpt.pt")
+    assert torch.equal(restored.state[params[0]]["exp_avg"], opt.state[params[0]]["exp_avg"])
+    square = [i for i, p in enumerate(params) if p.shape == params[-1].shape and i != len(params) - 1][0]
+    other = [i for i, p in enumerate(params) if p.shape != params[0].shape][0]
+    unnamed = {**saved, "state": {i: {k: v for k, v in e.items() if k != "param_name"} for i, e in saved["state"].items()}}
+    # another shape (caught even in a checkpoint written before the names), and the same shape (by its name)
+    for state, i, j, why in ((unnamed, 0, other, r"'s exp_avg is \("), (saved, square, len(params) - 1, "the state of .* is .*'s")):
+        swapped = {**state, "state": {**state["state"], i: state["state"][j], j: state["state"][i]}}
+        with pytest.raises(checkpoint.CheckpointError, match="ckpt.pt holds optimizer state that does not fit this model .*" + why):
+            checkpoint.restore_optimizers([fresh()], [swapped], names, "ckpt.pt")
+    with pytest.raises(checkpoint.CheckpointError, match="2 optimizer"):
+        checkpoint.restore_optimizers([fresh()], [saved, saved], names, "ckpt.pt")
+
+
+# ---- issue 20: train.py and sample.py check what they read, in subprocesses --------------------------------
+
+def permuted_dataset(workdir, name, chars=None):
+    """A copy of data/tiny whose ids mean other characters (the same count): reversed, or `chars`."""
+    bad = workdir / "data" / name
+    shutil.rmtree(bad, ignore_errors=True)
+    shutil.copytree(workdir / "data" / "tiny", bad)
+    meta = json.loads((bad / "meta.json").read_text())
+    (bad / "meta.json").write_text(json.dumps({**meta, "chars": chars or meta["chars"][::-1]}))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault,message", [
+    ("swap", "holds optimizer state that does not fit this model (the state of"),   # was: munmap_chunk(), rc -6
+    ("types", "is corrupt or not a checkpoint of this project (iter_num is str '4')"),
+    ("vocab", "was trained on another vocabulary than data/tiny_perm/meta.json now holds"),
+])
+def test_resume_checks_what_it_reads_in_one_sentence(workdir, two_checkpoints, fault, message):
+    path = checkpoint.candidates(two_checkpoints)[0]
+    state = torch.load(path, weights_only=True)
+    args = []
+    if fault == "swap":   # two entries of different shapes
+        entries = state["optimizers"][0]["state"]
+        j = next(j for j in entries if entries[j]["exp_avg"].shape != entries[0]["exp_avg"].shape)
+        entries[0], entries[j] = entries[j], entries[0]
+    elif fault == "types":
+        state["iter_num"] = str(state["iter_num"])
+    else:
+        permuted_dataset(workdir, "tiny_perm")
+        args = ["--dataset=tiny_perm"]
+    torch.save(state, path)
+    p = train(workdir, "--out_dir=out_two", "--max_iters=6", "--eval_interval=2", "--init_from=resume", *args, check=False)
+    last = p.stderr.strip().splitlines()[-1]
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert last.startswith(f"error: checkpoint {os.path.join('out_two', os.path.basename(path))}" if fault != "vocab"
+                           else f"error: {os.path.join('out_two', os.path.basename(path))}") and message in last, last
+    assert checkpoint.candidates(two_checkpoints)[0] == path and len(records(workdir, "out_two", "train")) == 4
+
+
+@pytest.mark.slow
+def test_a_run_copied_with_hard_links_resumes_without_writing_into_the_original(workdir, two_checkpoints):
+    copy = workdir / "out_linked"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(two_checkpoints, copy, copy_function=os.link)   # cp -al
+    before = {p.name: p.read_bytes() for p in two_checkpoints.iterdir()}
+    train(workdir, "--out_dir=out_linked", "--max_iters=6", "--eval_interval=2", "--init_from=resume")
+    assert {p.name: p.read_bytes() for p in two_checkpoints.iterdir()} == before
+    assert [r["iter"] for r in records(workdir, "out_linked", "train")] == list(range(1, 7))
+
+
+@pytest.mark.slow
+def test_ddp_processes_with_different_configurations_are_refused_before_anything_is_written(workdir):
+    """A config that reads RANK: max_iters differs by process (it hung for gloo's 30 minutes)."""
+    (workdir / "by_rank.py").write_text("import os\nmax_iters = 2 + int(os.environ.get('RANK', 0))\n")
+    p = train(workdir, "by_rank.py", "--out_dir=out_by_rank", "--gradient_accumulation_steps=2", check=False,
+              launcher=(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"))
+    assert p.returncode != 0, p.stdout
+    assert "error: the 2 processes run different configurations (max_iters; max_iters=2, 3 by rank)" in p.stderr, p.stderr
+    assert not (workdir / "out_by_rank").exists()
+
+
+@pytest.mark.slow
+def test_a_token_file_cut_short_under_a_running_trainer_is_one_sentence(workdir):
+    data = workdir / "data" / "tiny_cut"
+    shutil.rmtree(data, ignore_errors=True)
+    shutil.copytree(workdir / "data" / "tiny", data)
+    p = start(workdir, "--dataset=tiny_cut", "--out_dir=out_cut", "--overwrite=True", "--max_iters=100000",
+              "--eval_interval=3")
+    wait_for(lambda: checkpoint.candidates(workdir / "out_cut"))
+    with open(data / "train.bin", "r+b") as f:   # cut mid-token, as a copy still in progress would be
+        f.truncate(os.path.getsize(data / "train.bin") // 2 + 1)
+    out, err = p.communicate(timeout=60)
+    last = err.strip().splitlines()[-1]
+    assert p.returncode == 1 and "Traceback" not in err, err
+    assert last.startswith(f"error: {os.path.join('data', 'tiny_cut', 'train.bin')} changed under the running trainer"), last
+    assert checkpoint.load_latest(workdir / "out_cut")[1]["iter_num"] % 3 == 0   # `latest` intact
+
+
+@pytest.mark.slow
+def test_a_stop_during_the_step_0_evaluation_then_a_resume_logs_that_evaluation_once(workdir):
+    p = start(workdir, "--out_dir=out_eval0", "--overwrite=True", "--max_iters=100000", "--eval_interval=100000",
+              "--eval_iters=400")   # an evaluation of some seconds
+    wait_for(lambda: os.path.exists(workdir / "out_eval0" / "metrics.jsonl"))   # opened just before the loop
+    time.sleep(0.5)
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0 and "stop signal at step 0" in out, out + err
+    train(workdir, "--out_dir=out_eval0", "--init_from=resume", "--max_iters=2", "--eval_interval=2")
+    assert [r["iter"] for r in records(workdir, "out_eval0", "eval")] == [0, 2]

@@ -58,7 +58,8 @@ def existing_run(workdir):
     train(workdir, "--out_dir=out_keep", "--max_iters=2", "--eval_interval=2")
     bad = workdir / "data" / "small_vocab"
     shutil.copytree(workdir / "data" / "tiny", bad, dirs_exist_ok=True)
-    (bad / "meta.json").write_text(json.dumps({**json.loads((bad / "meta.json").read_text()), "vocab_size": 10}))
+    meta = json.loads((bad / "meta.json").read_text())
+    (bad / "meta.json").write_text(json.dumps({**meta, "vocab_size": 10, "chars": meta["chars"][:10]}))
     return workdir / "out_keep"
 
 

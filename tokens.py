@@ -1,0 +1,101 @@
+"""
+The prepared datasets' readers, shared by train.py, sample.py, export_hf.py and prepare_data.py:
+where a dataset lives, its meta.json, and the tokenizer that meta.json names.
+
+A dataset named NAME lives in data/NAME under the working directory, for every tool: prepare_data.py
+writes it there and train.py, sample.py, export_hf.py and bench.py read it there (as in nanoGPT).
+"""
+import base64
+import functools
+import hashlib
+import json
+from pathlib import Path
+
+import tiktoken
+
+ROOT = Path(__file__).parent
+GPT2_RANKS = ROOT / "data/raw/gpt2.tiktoken"
+GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
+GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+EOT = 50256
+
+
+def dataset_dir(name):
+    """The folder of dataset `name`: data/<name> under the working directory (the one rule of every tool)."""
+    return Path("data") / name
+
+
+@functools.lru_cache
+def gpt2_encoding(path=GPT2_RANKS, sha256=GPT2_RANKS_SHA256):
+    """GPT-2's BPE built from the vendored ranks file: tiktoken.get_encoding("gpt2") would download it."""
+    path = Path(path)
+    if not path.is_file():
+        raise SystemExit(f"error: GPT-2 vocabulary file {path} is missing: restore it from git.")
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise SystemExit(f"error: GPT-2 vocabulary file {path} has the wrong sha256 (damaged or not GPT-2's ranks): restore it from git.")
+    # parsed here, not by tiktoken.load.load_tiktoken_bpe: that one keeps a copy in /tmp keyed by
+    # the path and serves it even after the file itself is gone or changed
+    ranks = {base64.b64decode(tok): int(rank) for tok, rank in (line.split() for line in data.splitlines() if line)}
+    return tiktoken.Encoding(name="gpt2", pat_str=GPT2_PAT, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": EOT})
+
+
+def load_meta(data_dir):
+    """data_dir/meta.json, its values checked: a bad one is one sentence naming the file (SystemExit)."""
+    path = Path(data_dir) / "meta.json"
+    if not path.is_file():
+        name = Path(data_dir).name
+        cmd = name if name in ("shakespeare_char", "shakespeare", "fineweb_edu") else f"text --input FILE --name {name}"
+        raise SystemExit(f"error: no prepared data in {data_dir} (meta.json missing; data/ is looked up in the working "
+                         f"directory, {Path.cwd()}): run `python prepare_data.py {cmd}` there first")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError) as e:   # JSONDecodeError is a ValueError
+        raise SystemExit(f"error: {path} is not valid JSON ({e}): prepare the dataset again") from None
+    missing = [k for k in ("tokenizer", "vocab_size") if not isinstance(meta, dict) or k not in meta]
+    if missing:
+        raise SystemExit(f"error: {path} lacks {', '.join(missing)}: prepare the dataset again")
+    wrong = meta_problem(meta)
+    if wrong:
+        raise SystemExit(f"error: {path} {wrong}: prepare the dataset again")
+    return meta
+
+
+def meta_problem(meta):
+    """What is wrong with a meta.json's values (as words after its path), or None."""
+    tokenizer, vocab_size = meta["tokenizer"], meta["vocab_size"]
+    if tokenizer not in ("char", "gpt2"):
+        return f"names tokenizer {tokenizer!r}, not 'char' or 'gpt2'"
+    if type(vocab_size) is not int or not 1 <= vocab_size <= 65536:   # uint16 ids
+        return f"has vocab_size={vocab_size!r}, not a whole number from 1 to 65536"
+    if tokenizer == "gpt2" and vocab_size != EOT + 1:
+        return f"has vocab_size={vocab_size} for GPT-2's BPE, which has {EOT + 1}"
+    chars = meta.get("chars")
+    if tokenizer == "char" and not (isinstance(chars, str) and len(chars) == vocab_size == len(set(chars))):
+        return (f"has no 'chars' string of vocab_size={vocab_size} distinct characters (chars: "
+                f"{type(chars).__name__}{f' of {len(chars)}' if isinstance(chars, str) else ''})")
+    return None
+
+
+def vocabulary(meta):
+    """What a run's token ids mean: recorded in its checkpoints, so that a resume on other data is refused and
+    sample.py and export_hf.py decode with the run's own vocabulary, not whatever meta.json holds later."""
+    return {"tokenizer": meta["tokenizer"], "vocab_size": meta["vocab_size"],
+            **({"chars": meta["chars"]} if meta["tokenizer"] == "char" else {})}
+
+
+def get_tokenizer(meta):
+    """(encode, decode) for the tokenizer a meta.json names."""
+    if meta["tokenizer"] == "gpt2":
+        enc = gpt2_encoding()
+        return enc.encode_ordinary, enc.decode
+    if meta["tokenizer"] == "char":
+        chars = meta["chars"]
+        stoi = {c: i for i, c in enumerate(chars)}
+        def encode(s):
+            try:
+                return [stoi[c] for c in s]
+            except KeyError as e:
+                raise ValueError(f"character {e.args[0]!r} is not in this char-level vocabulary") from None
+        return encode, lambda ids: "".join(chars[i] for i in ids)
+    raise SystemExit(f"error: unknown tokenizer {meta['tokenizer']!r} in meta.json (expected 'char' or 'gpt2')")
