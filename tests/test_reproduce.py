@@ -14,10 +14,16 @@ import time
 
 import pytest
 
+import grids
+import report
 import reproduce
+from checkpoint import read_metrics as read_lines
 from conftest import ROOT
-from plot_metrics import read_metrics
-from reproduce import Variant
+from grids import Variant
+
+
+def read_metrics(run_dir, kind="eval"):
+    return [r for r in read_lines(os.path.join(run_dir, "metrics.jsonl"))[0] if r.get("kind") == kind]
 
 TINY = ("--dataset=tiny --n_layer=2 --n_head=2 --n_embd=32 --block_size=16 --batch_size=4 --vocab_pad=1 "
         "--eval_iters=2 --device=cpu --log_interval=1 --learning_rate=3e-3 --min_lr=3e-4 --eval_interval=4")
@@ -54,7 +60,7 @@ def test_tiny_grid_summary_matches_metrics_failures_rerun_and_restart_trains_not
     head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     with open(runs["base", 1] / "result.json") as f:   # what code made the result: this checkout's commit
         code = json.load(f)["code"]
-    assert code.startswith(head) if head else code is None, code
+    assert code["commit"].startswith(head) and code == reproduce.code_version() if head else code is None, code
     with open(workdir / "res" / "summary.json") as f:
         rows = {r["variant"]: r for r in json.load(f)["rows"]}
     for v in ("base", "hg"):
@@ -100,7 +106,7 @@ def test_other_settings_are_refused_more_seeds_are_not_and_a_subset_summarizes_t
     assert "0 done, 51 to do" in capsys.readouterr().out
     assert reproduce.main(["--max_iters=500", "--dry_run", "--results_dir=elsewhere"]) == 0
     assert "0 done, 51 to do" in capsys.readouterr().out
-    assert reproduce.main(["--variants=moe_unified", "--seeds=7", "--dry_run"]) == 0
+    assert reproduce.main(["--variants=moe_unified", "--seeds=7", "--dry_run", "--mixed_code"]) == 0
     assert "2 variants x 7 seeds = 14 runs, 6 done, 8 to do" in capsys.readouterr().out   # seeds added in place
 
     assert reproduce.main(["--variants=noscale"]) == 0   # nothing to run: summarize
@@ -116,29 +122,29 @@ def test_other_settings_are_refused_more_seeds_are_not_and_a_subset_summarizes_t
 
 
 def test_added_variant_from_the_command_line():
-    grid = reproduce.default_grid()
-    v = reproduce.parse_added("wide:config/unified_char.py:--n_embd=192,--n_head=6", grid)
+    grid = grids.default_grid()
+    v = grids.parse_added("wide:config/unified_char.py:--n_embd=192,--n_head=6", grid)
     assert (v.name, v.config, v.overrides, v.baseline, v.sign) == ("wide", "config/unified_char.py",
                                                                      ["--n_embd=192", "--n_head=6"], "baseline", 0)
-    assert reproduce.parse_added("x:config/unified_char.py::none", grid).baseline is None
-    assert reproduce.parse_added("y:config/unified_char.py:--lr_schedule=wsd:baseline_wsd", grid).baseline == "baseline_wsd"
+    assert grids.parse_added("x:config/unified_char.py::none", grid).baseline is None
+    assert grids.parse_added("y:config/unified_char.py:--lr_schedule=wsd:baseline_wsd", grid).baseline == "baseline_wsd"
     for bad in ["noscale:config/unified_char.py", "z:config/missing.py", "z:config/unified_char.py:n_embd=3", "z",
                 "z:config/unified_char.py::nobody"]:
         with pytest.raises(SystemExit) as e:
-            reproduce.parse_added(bad, grid)
+            grids.parse_added(bad, grid)
         assert str(e.value.code).startswith("error: --add=") and "\n" not in str(e.value.code)
 
 
 def test_cpu_dry_run_estimates_each_run_by_its_own_iterations_and_size(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    base = reproduce.Variant("baseline", "config/baseline_char.py", [], None, "", 0)
+    base = Variant("baseline", "config/baseline_char.py", [], None, "", 0)
     big = base._replace(name="big", overrides=["--n_layer=8", "--n_embd=256", "--n_head=8"])
     one = reproduce.local_estimate(base, 1000, [])
-    assert one == reproduce.OVERHEAD_S + 1000 * reproduce.MS_PER_ITER / 1000   # the default size is the unit
-    assert reproduce.local_estimate(base, 2000, []) - reproduce.OVERHEAD_S == pytest.approx(2 * (one - reproduce.OVERHEAD_S))
+    assert one == grids.OVERHEAD_S + 1000 * grids.MS_PER_ITER / 1000   # the default size is the unit
+    assert reproduce.local_estimate(base, 2000, []) - grids.OVERHEAD_S == pytest.approx(2 * (one - grids.OVERHEAD_S))
     assert reproduce.local_estimate(big, 1000, []) > 4 * one   # 8x the parameters of 4x128 (and longer attention rows)
     assert reproduce.main(["--grid=scaling", "--seeds=1", "--jobs=1", "--dry_run"]) == 0
-    grid = reproduce.scaling_grid()
+    grid = grids.scaling_grid()
     want = sum(reproduce.local_estimate(v, int(reproduce.run_args(v, 1000, [], 1, "x")[0].split("=")[1]), [])
                for v in grid)
     out = capsys.readouterr().out.splitlines()[0]
@@ -179,7 +185,7 @@ NODE_ARGV = ["--grid=pair", "--launcher=torchrun", "--nproc_per_node=2", "--seed
              "--results_dir=node", f"--extra={NODE_TINY}"]
 NODE_GRID = """
 import sys, reproduce
-from reproduce import Variant
+from grids import Variant
 grids = {"pair": [Variant("a", "config/baseline_char.py", [], None, "", 0),
                   Variant("b", "config/baseline_char.py", [], "a", "same as a", -1)]}
 sys.exit(reproduce.main(sys.argv[1:], grids))
@@ -246,18 +252,18 @@ def fake(val, seed=1):
 def test_budget_fit_recovers_a_power_law_and_inverts_it():
     E, A, alpha = 1.5, 0.3, 0.7
     budgets = [0.5, 1, 1.5, 2]
-    fit = reproduce.fit_budget(budgets, [E + A * c ** -alpha for c in budgets])
+    fit = report.fit_budget(budgets, [E + A * c ** -alpha for c in budgets])
     assert abs(fit[0] - E) < 1e-3 and abs(fit[1] - A) < 1e-3 and abs(fit[2] - alpha) < 0.01
-    assert abs(reproduce.budget_needed((E, A, alpha), E + A * 1.3 ** -alpha) - 1.3) < 1e-9
-    assert reproduce.budget_needed((E, A, alpha), E - 0.01) == float("inf")   # below the asymptote
+    assert abs(report.budget_needed((E, A, alpha), E + A * 1.3 ** -alpha) - 1.3) < 1e-9
+    assert report.budget_needed((E, A, alpha), E - 0.01) == float("inf")   # below the asymptote
 
 
 def test_scaling_report_factor_is_the_budget_the_baseline_needs(monkeypatch):
-    monkeypatch.setattr(reproduce, "non_embedding_params", lambda n_layer, n_embd: 12 * n_layer * n_embd ** 2)
+    monkeypatch.setattr(report, "non_embedding_params", lambda n_layer, n_embd: 12 * n_layer * n_embd ** 2)
     law = lambda c, s: 1.5 + 0.3 * c ** -0.7 + 0.001 * s   # the seeds differ by a constant
-    results = {f"baseline_4x128_x{b}": {s: fake(law(float(b), s), s) for s in (1, 2)} for b in reproduce.BUDGETS}
+    results = {f"baseline_4x128_x{b}": {s: fake(law(float(b), s), s) for s in (1, 2)} for b in grids.BUDGETS}
     results["unified_4x128"] = {s: fake(law(1.25, s), s) for s in (1, 2)}   # what the baseline reaches at 1.25x
-    (row,), fits = reproduce.scaling_rows(results)
+    (row,), fits = report.scaling_rows(results)
     assert row["size"] == "4x128" and row["seeds"] == [1, 2] and not row["extrapolated"]
     assert abs(row["factor"] - 1.25) < 0.01 and all(abs(f - 1.25) < 0.01 for f in row["factor_seeds"])
     assert abs(row["gap_mean"] - (law(1.25, 0) - law(1, 0))) < 1e-12 and row["gap_std"] < 1e-12
@@ -266,8 +272,8 @@ def test_scaling_report_factor_is_the_budget_the_baseline_needs(monkeypatch):
 
 def test_tuned_rows_pair_each_familys_best_rate_with_the_baselines_best_rate():
     best = {"baseline": "2e-3", "noscale": "4e-3", "unified": "1e-3", "baseline_muon": "4e-3", "unified_muon": "8e-3"}
-    lrs, results = reproduce.LRS, {}
-    for v in reproduce.lr_grid():
+    lrs, results = grids.LRS, {}
+    for v in grids.lr_grid():
         family, lr = v.name.rsplit("_lr", 1)
         gap = abs(lrs.index(lr) - lrs.index(best[family]))
         if family == "unified" and gap > 1:
@@ -275,7 +281,7 @@ def test_tuned_rows_pair_each_familys_best_rate_with_the_baselines_best_rate():
         results[v.name] = {s: fake(2.0 + 0.05 * gap + 0.01 * s + (family == "noscale") * 0.003 * s, s)
                            for s in ((1, 2, 3) if gap == 0 else (1,))}
     del results["baseline_muon_lr8e-3"]   # baseline_muon's best, 4e-3, then lacks a neighbour
-    rows = {r["family"]: r for r in reproduce.tuned_rows(reproduce.lr_grid(), results)}
+    rows = {r["family"]: r for r in report.tuned_rows(grids.lr_grid(), results)}
     assert {f: r["best_lr"] for f, r in rows.items()} == best
     assert [f for f, r in rows.items() if not r["bracketed"]] == ["baseline_muon"]
     assert rows["noscale"]["baseline"] == "baseline_lr2e-3" and rows["unified_muon"]["baseline"] == "baseline_muon_lr4e-3"
@@ -283,7 +289,7 @@ def test_tuned_rows_pair_each_familys_best_rate_with_the_baselines_best_rate():
     half = 4.303 * 0.003 / 3 ** 0.5   # diffs 0.003, 0.006, 0.009: std 0.003, t(0.975, 2)
     assert rows["noscale"]["ci95"] == pytest.approx([0.006 - half, 0.006 + half], abs=1e-12)
     assert "baseline" not in rows["baseline"]
-    lines, _ = reproduce.lr_report(results)
+    lines, _ = report.lr_report(results)
     assert "--seeds=6 --variants=baseline_lr2e-3,noscale_lr4e-3,unified_lr1e-3,baseline_muon_lr4e-3,unified_muon_lr8e-3" in lines[-1]
     assert "| noscale_lr4e-3 | baseline_lr2e-3 | 3 | +0.0060 ± 0.0030 | [-0.0015, +0.0135] |" in "\n".join(lines)
 
@@ -292,7 +298,7 @@ def test_summary_counts_seeds_agreeing_in_sign_and_a_t_interval():
     grid = [Variant("base", "c.py", [], None, "", 0), Variant("x", "c.py", [], "base", "x lowers the loss", -1)]
     diffs = [-0.02, -0.01, 0.005, -0.03]
     results = {"base": {s: fake(2.0, s) for s in range(1, 5)}, "x": {s: fake(2.0 + d, s) for s, d in enumerate(diffs, 1)}}
-    row = reproduce.summarize(grid, results)[1]
+    row = report.summarize(grid, results)[1]
     assert row["agree"] == 3
     half = 3.182 * statistics.stdev(diffs) / 2   # t(0.975, 3) s / sqrt(4)
     assert abs(row["ci95"][0] - (statistics.mean(diffs) - half)) < 1e-9 and abs(row["ci95"][1] - (statistics.mean(diffs) + half)) < 1e-9
@@ -308,8 +314,8 @@ def test_summary_only_rewrites_the_committed_summary_from_its_results_and_runs_n
     monkeypatch.chdir(tmp_path)
     res = tmp_path / "results" / "default"
     shutil.copytree(os.path.join(ROOT, "results", "default"), res, ignore=shutil.ignore_patterns("*.png", "summary.*"))
-    monkeypatch.setattr(reproduce, "run_one", lambda *a, **k: pytest.fail("--summary_only must run nothing"))
-    monkeypatch.setattr("plot_metrics.plot_grid", lambda *a, **k: None)   # the figures are not what is checked here
+    monkeypatch.setattr(reproduce.Runner, "__call__", lambda *a, **k: pytest.fail("--summary_only must run nothing"))
+    monkeypatch.setattr(reproduce, "plot_grid", lambda *a, **k: None)   # the figures are not what is checked here
     assert reproduce.main(["--summary_only"]) == 0
     with open(res / "summary.json") as f:
         new = {r["variant"]: r for r in json.load(f)["rows"]}
@@ -323,13 +329,13 @@ def test_summary_only_rewrites_the_committed_summary_from_its_results_and_runs_n
 
 def test_param_overheads_count_the_vectors_each_reading_adds(monkeypatch):
     L, d, H = 2, 64, 4
-    monkeypatch.setattr(reproduce, "OVERHEAD_SHAPES", {"tiny": dict(n_layer=L, n_head=H, n_embd=d, vocab_size=100)})
-    row = reproduce.param_overheads()["tiny"]
+    monkeypatch.setattr(report, "OVERHEAD_SHAPES", {"tiny": dict(n_layer=L, n_head=H, n_embd=d, vocab_size=100)})
+    row = report.param_overheads()["tiny"]
     h = 32 * -(-8 * d // 3 // 32)   # SwiGLU's hidden width, 8/3 d rounded up to 32
-    extra = {k: round(row[k] * row["baseline"]) for k in reproduce.OVERHEAD_FLAGS}
+    extra = {k: round(row[k] * row["baseline"]) for k in report.OVERHEAD_FLAGS}
     assert extra["HG"] == L * 3 * d                     # g_q, g_k, g_v and g_gate, g_up for g_attn and g_ffn
     assert extra["DNP, full"] == L * (3 * d + 2 * h)    # g_out over every output of q, k, v, gate, up
     assert extra["DNP, head"] == L * (3 * d // H + 2)   # one head-sized vector per q, k, v; a scalar per gate, up
     assert extra["unified, head"] < extra["unified, full"] and extra["DNP, head"] < extra["HG"]
-    lines = reproduce.overhead_lines(reproduce.param_overheads())
+    lines = report.overhead_lines(report.param_overheads())
     assert lines[-1].startswith("| tiny | ") and f"{row['HG']:.2e}" in lines[-1]
