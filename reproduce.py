@@ -666,6 +666,7 @@ def write_reports(a, g, full, progress, t_start):
 
 
 def main(argv=None, grids=GRIDS):
+    _noted.clear()   # each invocation names each bad result.json once
     a, parser = parse_args(argv, grids)
     full, grid = choose_variants(a, parser, grids)
     g = Grid(a, grids)

@@ -23,7 +23,8 @@ from grids import Variant
 
 
 def read_metrics(run_dir, kind="eval"):
-    return [r for r in read_lines(os.path.join(run_dir, "metrics.jsonl"))[0] if r.get("kind") == kind]
+    path = os.path.join(run_dir, "metrics.jsonl")
+    return [r for r in read_lines(path)[0] if r.get("kind") == kind] if os.path.exists(path) else []
 
 TINY = ("--dataset=tiny --n_layer=2 --n_head=2 --n_embd=32 --block_size=16 --batch_size=4 --vocab_pad=1 "
         "--eval_iters=2 --device=cpu --log_interval=1 --learning_rate=3e-3 --min_lr=3e-4 --eval_interval=4")
@@ -339,3 +340,221 @@ def test_param_overheads_count_the_vectors_each_reading_adds(monkeypatch):
     assert extra["unified, head"] < extra["unified, full"] and extra["DNP, head"] < extra["HG"]
     lines = report.overhead_lines(report.param_overheads())
     assert lines[-1].startswith("| tiny | ") and f"{row['HG']:.2e}" in lines[-1]
+
+
+# ---- every grid row is what its name says -----------------------------------------------------------------
+# the words of a row's name after its variant (helpers.VARIANTS): what each asks of the resolved config
+MODIFIERS = {"muon": dict(optimizer="muon"), "wsd": dict(lr_schedule="wsd"), "head": dict(sv_dnp_width="head"),
+             "novec": dict(sv_placement="dnp_novec"), "noiwd": dict(sv_weight_decay="none")}
+
+
+def expected_config(name):
+    """The config values a grid row's name promises: its variant's flags (helpers.VARIANTS; gemma_<policy>
+    also its decay policy; moe_ a MoE FFN), then each modifier word, rate (lr), decay (wd) or size."""
+    from helpers import VARIANTS
+    words, want = name.split("_"), {}
+    if words[0] == "moe":
+        words, want["n_experts"] = words[1:], lambda n: n > 0
+    head = words[0]
+    if head == "gemma":
+        head, want["sv_weight_decay"] = "gemma", words[1]
+        words = words[1:]
+    assert head in VARIANTS, f"grid row {name!r}: {head!r} is not a named variant (tests/helpers.py VARIANTS)"
+    want.update(VARIANTS[head])
+    for w in words[1:]:
+        if w in MODIFIERS:
+            want.update(MODIFIERS[w])
+        elif w.startswith("lr"):
+            want["muon_lr" if "muon" in words else "learning_rate"] = float(w[2:])
+        elif w.startswith("wd"):
+            want["weight_decay"] = float(w[2:])
+        elif w in grids.SIZES:
+            n_layer, n_embd, _ = grids.SIZES[w]
+            want.update(n_layer=n_layer, n_embd=n_embd)
+        elif not re.fullmatch(r"x[\d.]+|350m|none|iwd|all", w):
+            raise AssertionError(f"grid row {name!r}: the word {w!r} has no meaning here (add it to MODIFIERS)")
+    return want
+
+
+@pytest.mark.parametrize("grid", sorted(grids.GRIDS))
+def test_every_grid_row_runs_the_config_its_name_says(grid):
+    """A row pointing at the wrong config file (or overrides) would label its results silently wrong."""
+    from model import GPTConfig
+    model_defaults = {f: getattr(GPTConfig, f) for f in ("scale_vectors", "sv_hetero", "sv_placement", "sv_reparam",
+                                                          "qk_norm", "post_norm", "sv_dnp_width")}
+    for v in grids.GRIDS[grid]():
+        cfg = reproduce.train_config(v.config, tuple(v.overrides))
+        want = {**model_defaults, **expected_config(v.name)}
+        wrong = {k: (cfg[k], w) for k, w in want.items() if not (w(cfg[k]) if callable(w) else cfg[k] == w)}
+        assert not wrong, f"grid {grid}, row {v.name} ({v.config} {v.overrides}): (config, name) {wrong}"
+
+
+def test_a_row_with_the_wrong_config_fails_the_check():
+    v = Variant("unified_lr1e-3", "config/baseline_char.py", ["--learning_rate=1e-3"], None, "", 0)
+    cfg = reproduce.train_config(v.config, tuple(v.overrides))
+    assert any(cfg[k] != w for k, w in expected_config(v.name).items())
+
+
+def test_the_overhead_table_reads_unified_as_the_named_variants_have_it():
+    from helpers import VARIANTS
+    assert report.UNIFIED_FLAGS == VARIANTS["unified"]
+
+
+# ---- issue 20: one sentence and nothing written for bad input; nothing outside the folder touched ----------
+ONE = {"g": [Variant("a", "config/baseline_char.py", [], None, "", 0)]}
+
+
+def one_line_error(e):
+    msg = str(e.value.code)
+    assert msg.startswith("error:") and "\n" not in msg, msg
+    return msg
+
+
+def test_an_added_variant_in_the_lr_grid_is_summarized_not_a_crash():
+    """Issue 20.9: --grid=lr --add=mine:... ran, then crashed with a ValueError before any summary."""
+    results = {"baseline_lr1e-3": {1: fake(2.0)}, "unified_lr1e-3": {1: fake(1.9)}, "mine": {1: fake(1.8)}}
+    lines, rep = report.lr_report(results)
+    assert set(rep["sweep"]) == {"baseline", "unified"}
+    grid = [*grids.lr_grid(), Variant("mine", "config/baseline_char.py", [], None, "(added)", 0)]
+    assert [r["n"] for r in report.summarize(grid, results) if r["variant"] == "mine"] == [1]
+
+
+@pytest.mark.parametrize("flag", ["--dry_run", "--summary_only"])
+def test_a_torn_or_empty_result_is_left_out_with_a_note(flag, tmp_path, monkeypatch, capsys):
+    """Issue 20.10: a torn or empty result.json was a JSONDecodeError under --summary_only or --dry_run."""
+    monkeypatch.chdir(tmp_path)
+    for seed, text in ((1, ""), (2, '{"variant": "a", "se')):
+        (tmp_path / "res" / "runs" / "a" / f"seed{seed}").mkdir(parents=True)
+        (tmp_path / "res" / "runs" / "a" / f"seed{seed}" / "result.json").write_text(text)
+    assert reproduce.main(["--grid=g", "--seeds=2", "--results_dir=res", flag], ONE) == 0
+    out = capsys.readouterr().out
+    assert "0 done, 2 to do" in out and out.count("is not a complete result") == 2, out
+
+
+@pytest.mark.parametrize("argv,words", [(["--add=..:config/baseline_char.py"], "NAME must be new to the grid"),
+                                        (["--add=.x:config/baseline_char.py"], "not start with a dot"),
+                                        (["--results_dir=README.md"], "is a file, not a folder"),
+                                        (["--results_dir=README.md/x"], "is a file, not a folder")])
+def test_a_name_outside_runs_or_a_file_as_results_dir_is_one_sentence(argv, words, tmp_path, monkeypatch):
+    """Issue 20.12: --add=..:CONFIG wrote <results>/seed1 outside runs/; --results_dir=README.md was a traceback."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "README.md").write_text("not a folder\n")
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(["--grid=g", "--seeds=1", *argv], ONE)
+    assert words in one_line_error(e)
+    assert sorted(os.listdir(tmp_path)) == ["README.md"]   # nothing written
+
+
+def test_a_results_dir_with_glob_characters_touches_only_itself(tmp_path, monkeypatch, capsys):
+    """Issue 20.2 (reproduce.py's half): --results_dir='res[1]' matched res1 as a pattern, so starting a run
+    deleted res1's checkpoints and its results counted as this folder's."""
+    monkeypatch.chdir(tmp_path)
+    other = tmp_path / "res1" / "runs" / "a" / "seed1"
+    other.mkdir(parents=True)
+    for name in ("ckpt_0000010.pt", "latest", "metrics.jsonl"):
+        (other / name).write_text("another grid's")
+    assert reproduce.checkpoints("res[1]/runs/a/seed1") == [] and len(reproduce.checkpoints(str(other))) == 2
+    monkeypatch.setattr(reproduce.Children, "run", lambda self, cmd, **kw: 1)   # train.py "fails" at once
+    assert reproduce.main(["--grid=g", "--seeds=1", "--results_dir=res[1]"], ONE) == 1
+    assert "FAILED" in capsys.readouterr().out
+    assert sorted(os.listdir(other)) == ["ckpt_0000010.pt", "latest", "metrics.jsonl"]
+    assert (tmp_path / "res[1]" / "runs" / "a" / "seed1" / "run.json").exists()
+
+
+def test_a_second_reproduce_on_one_folder_is_one_sentence(tmp_path, monkeypatch):
+    """Issue 20.11: two invocations on one results folder called each other's runs FAILED and garbled train.log."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(reproduce.Children, "run", lambda self, cmd, **kw: pytest.fail("must not start"))
+    held = reproduce.lock_results("res")
+    try:
+        with pytest.raises(SystemExit) as e:
+            reproduce.main(["--grid=g", "--seeds=1", "--results_dir=res"], ONE)
+        assert f"res is in use by another reproduce.py (pid {os.getpid()})" in one_line_error(e)
+    finally:
+        held.close()
+    assert not (tmp_path / "res" / "runs").exists()
+
+
+def write_result(run_dir, args, code):
+    run_dir.mkdir(parents=True)
+    r = {"variant": "a", "seed": 1, "args": args, "val_loss": 2.0, "curve": [[0, 4.0], [8, 2.0]], "wall_s": 1.0,
+         "sv_means": {}, "code": code}
+    (run_dir / "result.json").write_text(json.dumps(r))
+
+
+def test_a_folder_holds_one_code_version_unless_mixed_code(tmp_path, monkeypatch, capsys):
+    """Issue 19.5: runs of other code are not added to a folder silently; a grid whose code changes while it
+    runs starts no further run."""
+    monkeypatch.chdir(tmp_path)
+    args = reproduce.run_args(ONE["g"][0], 8, [], 1, os.path.join("res", "runs", "a", "seed1"))
+    write_result(tmp_path / "res" / "runs" / "a" / "seed1", args, "f2e3455-dirty")   # an older run's record
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(["--grid=g", "--seeds=2", "--max_iters=8", "--results_dir=res"], ONE)
+    msg = one_line_error(e)
+    assert "holds runs of other code (1 of f2e3455-dirty)" in msg and "--mixed_code" in msg, msg
+
+    calls = []   # the first call is the grid's start; the code is edited after it
+    monkeypatch.setattr(reproduce, "code_version", lambda: calls.append(1) or {"commit": "c" * 40, "diff": None,
+                                                                                "id": "one" if len(calls) == 1 else "two"})
+    monkeypatch.setattr(reproduce.Children, "run", lambda self, cmd, **kw: pytest.fail("must not start"))
+    capsys.readouterr()
+    assert reproduce.main(["--grid=g", "--seeds=2", "--max_iters=8", "--results_dir=res2"], ONE) == 1
+    out = capsys.readouterr().out
+    assert out.count("interrupted (not started: the code changed since this grid started (one -> two)") == 2, out
+
+
+def test_the_code_version_names_the_commit_and_hashes_uncommitted_edits():
+    code = reproduce.code_version()
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    if not head:
+        pytest.skip("not a git checkout")
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "*.py"], cwd=ROOT, capture_output=True,
+                           text=True).stdout.strip()
+    assert code["commit"] == head and (code["diff"] is None) == (not dirty) and len(code["id"]) == 12
+    assert report.code_id(code) == code["id"] and report.code_id(None) == "unknown"
+
+
+LONG_GRID = """
+import sys, reproduce
+from grids import Variant
+sys.exit(reproduce.main(sys.argv[1:], {"g": [Variant("a", "config/baseline_char.py", [], None, "", 0)]}))
+"""
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow   # reproduce.py and a train.py in subprocesses
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_reproduce_stops_its_train_py_and_the_run_resumes_next_time(sig, workdir, monkeypatch, capsys):
+    """Issue 20.11: `kill <reproduce pid>` left its train.py running as an orphan and the rerun called that run
+    FAILED; SIGINT waited for the whole current run. Now the signal reaches train.py, which saves and exits;
+    the run is "interrupted", and the same command resumes it."""
+    monkeypatch.chdir(workdir)
+    argv = ["--grid=g", "--seeds=1", "--max_iters=1000", "--jobs=1", f"--results_dir=sig{sig.value}",
+            f"--extra={TINY.replace('--eval_interval=4', '--eval_interval=1000')}"]
+    run = workdir / f"sig{sig.value}" / "runs" / "a" / "seed1"
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    p = subprocess.Popen([sys.executable, "-c", LONG_GRID, *argv], cwd=workdir, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    deadline, pids = time.time() + 120, []
+    while time.time() < deadline and not any(r["iter"] >= 20 for r in read_metrics(run, "train")):
+        time.sleep(0.05)
+    pids = descendants(p.pid)
+    assert len(pids) >= 2, "train.py did not start"
+    os.kill(p.pid, sig)
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 128 + sig.value and "interrupted" in out and "FAILED" not in out, out
+    assert not [q for q in pids if alive(q)], "a train.py outlived reproduce.py"
+    stopped_at = max(r["iter"] for r in read_metrics(run, "train"))
+    assert stopped_at < 1000 and (run / "latest").exists() and not (run / "result.json").exists()
+    if sig == signal.SIGTERM:   # the same command, again: the run resumes from its checkpoint
+        assert reproduce.main(argv, {"g": [Variant("a", "config/baseline_char.py", [], None, "", 0)]}) == 0
+        out = capsys.readouterr().out
+        assert "0 done, 1 to do" in out and "resumed" in out, out
+        assert "resuming from" in (run / "train.log").read_text()
