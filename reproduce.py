@@ -275,6 +275,9 @@ class Interrupted(Exception):
     """A run stopped by a signal to reproduce.py (or never started): it resumes next time."""
 
 
+NOT_STARTED = "not started"
+
+
 class Children:
     """The train.py processes of this invocation. A SIGTERM or SIGINT to reproduce.py reaches each of them
     once (they run in sessions of their own, so a terminal's Ctrl-C is not delivered twice): they save and
@@ -308,7 +311,7 @@ class Children:
         """cmd's return code; Interrupted if a stop came first."""
         with self.lock:
             if self.stop:
-                raise Interrupted("not started")
+                raise Interrupted(NOT_STARTED)
             p = subprocess.Popen(cmd, start_new_session=True, **kw)
             self.procs.add(p)
             if self.stop:   # the signal came between the check and the start (same thread: RLock)
@@ -548,13 +551,12 @@ def refuse_other_settings(out, jobs):
                          "the old ones")
 
 
-def folder_codes(out, grid, args_for):
-    """{code id: runs} of the grid's results in the folder, and of its interrupted runs (run.json)."""
-    codes = {}
-    for res in collect(out, grid, args_for).values():
-        for r in res.values():
-            codes[code_id(r.get("code"))] = codes.get(code_id(r.get("code")), 0) + 1
-    return codes
+def folder_codes(out, grid, args_for, jobs):
+    """{code id: runs} of the grid's results in the folder, and of the interrupted runs a job would resume."""
+    codes = [r.get("code") for res in collect(out, grid, args_for).values() for r in res.values()]
+    codes += [(load_json(os.path.join(j.run_dir, "run.json")) or {}).get("code") for j in jobs
+              if not j.done and resumable(j.run_dir, j.args)]
+    return {k: [code_id(c) for c in codes].count(k) for k in {code_id(c) for c in codes}}
 
 
 def refuse_mixed_code(out, codes, code):
@@ -604,7 +606,8 @@ class Progress:
         head = f"[{self.k}/{self.n}] {job.v.name} seed {job.seed}"
         if isinstance(err, Interrupted):
             self.stopped.append(job)
-            print(f"{head}: interrupted ({err}); it resumes next time", flush=True)
+            if str(err) != NOT_STARTED:   # after a stop signal, the runs still queued say nothing
+                print(f"{head}: interrupted ({err}); it resumes next time", flush=True)
         elif err:
             self.failed.append(job)
             print(f"{head}: FAILED ({err}); log: {job.run_dir}/train.log", flush=True)
@@ -677,7 +680,7 @@ def main(argv=None, grids=GRIDS):
     todo = [] if a.summary_only else [j for j in jobs if not j.done]
     code = code_version()
     if todo and not a.mixed_code:
-        refuse_mixed_code(g.out, folder_codes(g.out, full, g.args_for), code)
+        refuse_mixed_code(g.out, folder_codes(g.out, full, g.args_for, jobs), code)
     print(plan(a, g, jobs, [j for j in jobs if not j.done]))
     if a.dry_run:
         print_jobs(g, jobs)
