@@ -5,32 +5,33 @@ variants), with a summary and plots in results/<grid>/.
 
 CPU grids (Tiny Shakespeare, several single-process runs at a time):
 
-    python reproduce.py                          # the default grid, 3 seeds, 2 runs at a time
-    python reproduce.py --dry_run                # list the runs and the time estimate
-    python reproduce.py --summary_only           # the summary and plots of what is there, no run
-    python reproduce.py --variants=noscale,unified --seeds=5   # a subset (their baselines come along)
-    python reproduce.py --add='wide:config/unified_char.py:--n_embd=192,--n_head=6'   # try an idea
-    python reproduce.py --grid=lr --seeds=1      # learning-rate sweep of baseline, noscale, unified (+ Muon);
-                                                 # its summary names the command that adds seeds at the best rates
-    python reproduce.py --grid=scaling           # 4 sizes x 4 budgets: compute efficiency and scaling
+    python reproduce.py                   # the default grid, 3 seeds, 2 runs at a time
+    python reproduce.py --dry_run         # list the runs and the time estimate
+    python reproduce.py --summary_only    # the summary and plots of what is there, no run
+    python reproduce.py --variants=noscale,unified --seeds=5   # a subset (with their baselines)
+    python reproduce.py --add='wide:config/unified_char.py:--n_embd=192,--n_head=6'   # an idea
+    python reproduce.py --grid=lr --seeds=1   # learning-rate sweep of baseline, noscale, unified
+                                              # (+ Muon); its summary names the command that
+                                              # adds seeds at the best rates
+    python reproduce.py --grid=scaling    # 4 sizes x 4 budgets: compute efficiency and scaling
 
 Node grids (FineWeb-Edu, 124M/350M, one run at a time through torchrun on all GPUs):
 
-    python reproduce.py --grid=node --nproc_per_node=8 --seeds=1 --dry_run   # runs and time estimate
+    python reproduce.py --grid=node --nproc_per_node=8 --seeds=1 --dry_run   # runs, estimate
     python reproduce.py --grid=node --nproc_per_node=8 --tokens=2.5e9 --seeds=1
 
-Stop it at any time and start it again: finished runs (result.json) are skipped, interrupted ones
-resume from their newest checkpoint (train.py --init_from=resume), failed ones are reported with
-their last log line and run again next time. A folder holds one configuration: a run whose
-settings differ from the results already there is refused unless --replace (or another --results_dir);
-adding seeds or variants to it is not a change. The summary always covers the whole grid, from
-every result of that configuration in the folder.
+Stop it at any time and start it again: finished runs (result.json) are skipped, interrupted
+ones resume from their newest checkpoint (train.py --init_from=resume), failed ones are reported
+with their last log line and run again next time. A folder holds one configuration: a run whose
+settings differ from the results already there is refused unless --replace (or another
+--results_dir); adding seeds or variants to it is not a change. The summary always covers the
+whole grid, from every result of that configuration in the folder.
 
 One reproduce.py at a time per results folder (<results>/lock). SIGTERM or SIGINT reaches every
 train.py it started: they save a checkpoint and exit, and the next invocation resumes them. Each
 result.json records the code that made it (its commit and a hash of uncommitted Python edits); a
-folder holds one code version: adding runs of other code to it is refused unless --mixed_code, and
-a grid stops starting runs if the code changes under it (README, "Reproducing the paper").
+folder holds one code version: adding runs of other code to it is refused unless --mixed_code,
+and a grid stops starting runs if the code changes under it (README, "Reproducing the paper").
 
 The grids are grids.py, the statistics and reports report.py, the figures plots.py.
 """
@@ -60,14 +61,15 @@ from report import REPORTS, code_id, code_lines, meta_gpt, summarize, write_summ
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
-# ---- sizing of runs ----------------------------------------------------------------------------------
+# ---- sizing of runs -----------------------------------------------------------------------------
 def run_args(v, max_iters, extra, seed, run_dir, tokens=None, node=False):
-    """train.py's arguments for one run (without --init_from): the schedule, the variant's overrides, the
-    grid's extra overrides, seed and out_dir. A CPU grid's variant may bring its own --max_iters (and so its
-    schedule); a node run is sized by `tokens` (None: its config's own budget)."""
+    """train.py's arguments for one run (without --init_from): the schedule, the variant's
+    overrides, the grid's extra overrides, seed and out_dir. A CPU grid's variant may bring its
+    own --max_iters (and so its schedule); a node run is sized by `tokens` (None: its config's
+    own budget)."""
     if node:
-        return [*node_sizing(v.config, tuple(v.overrides + extra), tokens)[0], *v.overrides, *extra,
-                f"--seed={seed}", f"--out_dir={run_dir}"]
+        schedule = node_sizing(v.config, tuple(v.overrides + extra), tokens)[0]
+        return [*schedule, *v.overrides, *extra, f"--seed={seed}", f"--out_dir={run_dir}"]
     own = [o for o in v.overrides if o.startswith("--max_iters=")]
     iters = int(own[-1].split("=")[1]) if own else max_iters
     rest = [o for o in v.overrides if not o.startswith("--max_iters=")]
@@ -76,7 +78,8 @@ def run_args(v, max_iters, extra, seed, run_dir, tokens=None, node=False):
 
 @functools.lru_cache(maxsize=None)
 def train_config(config, overrides=()):
-    """train.py's config for a config file and overrides, as train.py would see it (without running it)."""
+    """train.py's config for a config file and overrides, as train.py would see it (without
+    running it): train_defaults.py's values, then the file, then the overrides."""
     from configurator import ConfigError, configure
     from train_defaults import DEFAULTS   # here: a summary need not import torch
     try:
@@ -87,22 +90,26 @@ def train_config(config, overrides=()):
 
 @functools.lru_cache(maxsize=None)
 def node_sizing(config, overrides=(), tokens=None):
-    """(schedule arguments, tokens) of a node run of `tokens` tokens: max_iters from the config's tokens per
-    iteration (gradient_accumulation_steps x batch_size x block_size, over all GPUs); warmup and decay scale
-    with it, as fractions of the config's own schedule (700 of 19,073 iterations for 10B tokens at 124M), so a
-    shorter run is the same recipe, compressed; an evaluation (and checkpoint) at least every tenth of the run."""
+    """(schedule arguments, tokens) of a node run of `tokens` tokens: max_iters from the config's
+    tokens per iteration (gradient_accumulation_steps x batch_size x block_size, over all GPUs);
+    warmup and decay scale with it, as fractions of the config's own schedule (700 of 19,073
+    iterations for 10B tokens at 124M), so a shorter run is the same recipe, compressed; an
+    evaluation (and checkpoint) at least every tenth of the run."""
     cfg = train_config(config, overrides)
     per_iter = cfg["gradient_accumulation_steps"] * cfg["batch_size"] * cfg["block_size"]
     iters = max(1, math.ceil(tokens / per_iter)) if tokens else cfg["max_iters"]
     scale = iters / cfg["max_iters"]
-    return ([f"--max_iters={iters}", f"--lr_decay_iters={max(1, round((cfg['lr_decay_iters'] or cfg['max_iters']) * scale))}",
+    decay = max(1, round((cfg["lr_decay_iters"] or cfg["max_iters"]) * scale))
+    return ([f"--max_iters={iters}", f"--lr_decay_iters={decay}",
              f"--warmup_iters={round(cfg['warmup_iters'] * scale)}",
-             f"--eval_interval={max(1, min(cfg['eval_interval'], iters // 10))}", "--keep_checkpoints=2"], iters * per_iter)
+             f"--eval_interval={max(1, min(cfg['eval_interval'], iters // 10))}",
+             "--keep_checkpoints=2"], iters * per_iter)
 
 
-# Without a measured --tokens_per_s, a node's throughput is assumed: this fraction of the bf16 dense peak of
-# its GPUs (model.peak_flops' table; H100 when this machine has none). nanoGPT's 124M reaches about 40% on
-# A100s with torch.compile; measure yours with `python gpu_check.py` (or bench.py) and pass it instead.
+# Without a measured --tokens_per_s, a node's throughput is assumed: this fraction of the bf16
+# dense peak of its GPUs (model.peak_flops' table; H100 when this machine has none). nanoGPT's
+# 124M reaches about 40% on A100s with torch.compile; measure yours with `python gpu_check.py`
+# (or bench.py) and pass it instead.
 ASSUMED_MFU = 0.40
 
 
@@ -111,14 +118,16 @@ def flops_per_token(config, overrides=(), vocab_size=50257):
     from dataclasses import fields
     from model import GPTConfig
     cfg = train_config(config, overrides)
-    model = meta_gpt(**{f.name: cfg[f.name] for f in fields(GPTConfig) if f.name != "vocab_size"}, vocab_size=vocab_size)
-    return model.flops_per_token()
+    model_keys = {f.name: cfg[f.name] for f in fields(GPTConfig) if f.name != "vocab_size"}
+    return meta_gpt(**model_keys, vocab_size=vocab_size).flops_per_token()
 
 
 def local_estimate(v, iters, extra):
-    """Seconds for one CPU run: MS_PER_ITER scaled by the run's FLOPs per token against the default size (a
-    floor of a quarter: at the smallest sizes Python's overhead, not arithmetic, sets the pace)."""
-    char = functools.partial(flops_per_token, vocab_size=65)   # CPU grids train on Tiny Shakespeare's 65 characters
+    """Seconds for one CPU run: MS_PER_ITER scaled by the run's FLOPs per token against the
+    default size (a floor of a quarter: at the smallest sizes Python's overhead, not arithmetic,
+    sets the pace)."""
+    # CPU grids train on Tiny Shakespeare's 65 characters
+    char = functools.partial(flops_per_token, vocab_size=65)
     try:
         scale = char(v.config, tuple(v.overrides + extra)) / char("config/baseline_char.py")
     except (ValueError, TypeError):   # a model the config cannot build: its run will say why
@@ -135,63 +144,68 @@ def node_estimate(todo, tokens_per_s, gpus, extra):
     if torch.cuda.is_available():
         peak, gpu = peak_flops(torch.device("cuda")), torch.cuda.get_device_name()
         if peak is None:   # a GPU not in model.GPU_PEAK_FLOPS
-            peak, gpu = GPU_PEAK_FLOPS["H100"], f"{gpu} (H100's peak assumed: not in model.GPU_PEAK_FLOPS)"
+            peak, gpu = GPU_PEAK_FLOPS["H100"], f"{gpu} (H100's peak assumed: not in the table)"
     else:
         peak, gpu = GPU_PEAK_FLOPS["H100"], "H100 (assumed: no GPU on this machine)"
-    secs = sum(n * flops_per_token(v.config, tuple(v.overrides + extra)) / (ASSUMED_MFU * peak * gpus) for v, n in todo)
-    return secs, (f"assuming {ASSUMED_MFU:.0%} MFU on {gpus} x {gpu} at {peak / 1e12:.0f} TFLOP/s bf16 each; "
-                  "measure with `python gpu_check.py` and pass --tokens_per_s for a better one")
+    flops = sum(n * flops_per_token(v.config, tuple(v.overrides + extra)) for v, n in todo)
+    return flops / (ASSUMED_MFU * peak * gpus), (
+        f"assuming {ASSUMED_MFU:.0%} MFU on {gpus} x {gpu} at {peak / 1e12:.0f} TFLOP/s bf16 "
+        "each; "
+        "measure with `python gpu_check.py` and pass --tokens_per_s for a better one")
 
 
-# ---- the files of a results folder: read with checks, written atomically ---------------------------
+# ---- the files of a results folder: read with checks, written atomically ------------------------
 def load_json(path):
-    """The object in a JSON file; None when there is none or it does not parse (a write cut short)."""
+    """The dict in a JSON file; None when there is none, or it does not parse (a write cut
+    short), or it holds something else."""
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return None
+            obj = json.load(f)
     except (OSError, ValueError):
         return None
+    return obj if isinstance(obj, dict) else None
 
 
-RESULT_FIELDS = {"variant": str, "seed": int, "args": list, "val_loss": float, "curve": list, "wall_s": float,
-                 "sv_means": dict}
+# what a result.json must hold to count (reproduce.py writes it; a hand-edited one may not)
+RESULT_FIELDS = {"variant": str, "seed": int, "args": list, "val_loss": float, "curve": list,
+                 "wall_s": float, "sv_means": dict}
 _noted = set()
 
 
 def load_result(run_dir):
-    """A run's result.json, or None: a torn, empty or foreign one counts as no result (its run is run again),
-    with one note naming the file."""
+    """A run's result.json, or None: a torn, empty or foreign one counts as no result (its run is
+    run again), with one note naming the file."""
     path = os.path.join(run_dir, "result.json")
     r = load_json(path)
-    ok = isinstance(r, dict) and all(isinstance(r.get(k), (int, float) if t is float else t)
-                                     for k, t in RESULT_FIELDS.items())
+    ok = r is not None and all(isinstance(r.get(k), (int, float) if t is float else t)
+                               for k, t in RESULT_FIELDS.items())
     if ok and math.isfinite(r["val_loss"]):
         return r
     if os.path.exists(path) and path not in _noted:
         _noted.add(path)
-        print(f"note: {path} is not a complete result (torn, empty or edited): it is left out, and its run "
-              "is run again (delete the file to silence this)")
+        print(f"note: {path} is not a complete result (torn, empty or edited): it is left out, "
+              "and its run is run again (delete the file to silence this)")
     return None
 
 
 def write_json(path, obj):
-    tmp = f"{path}.tmp{socket.gethostname()}.{os.getpid()}"   # nodes sharing a folder never share a temp file
+    # nodes sharing a folder never share a temporary file
+    tmp = f"{path}.tmp{socket.gethostname()}.{os.getpid()}"
     with open(tmp, "w") as f:
         json.dump(obj, f, indent=1)
     os.replace(tmp, path)
 
 
 def checkpoints(run_dir):
-    """A run folder's checkpoints and its `latest` pointer: names matched literally (a folder named
-    res[1] is never a pattern that reaches res1)."""
+    """A run folder's checkpoints and its `latest` pointer: names matched literally (a folder
+    named res[1] is never a pattern that reaches res1)."""
     from checkpoint import step_of   # here: a dry run or a summary need not import torch
     try:
         names = os.listdir(run_dir)
     except (FileNotFoundError, NotADirectoryError):
         return []
-    return [os.path.join(run_dir, n) for n in sorted(names) if step_of(n) is not None or n == "latest"]
+    return [os.path.join(run_dir, n) for n in sorted(names)
+            if step_of(n) is not None or n == "latest"]
 
 
 def evals(run_dir):
@@ -204,8 +218,8 @@ def evals(run_dir):
 
 def resumable(run_dir, args_list):
     """True if run_dir holds a checkpoint of an interrupted run with exactly these arguments."""
-    return (load_json(os.path.join(run_dir, "run.json")) or {}).get("args") == args_list and \
-        os.path.exists(os.path.join(run_dir, "latest"))
+    state = load_json(os.path.join(run_dir, "run.json")) or {}
+    return state.get("args") == args_list and os.path.exists(os.path.join(run_dir, "latest"))
 
 
 def in_use(run_dir):
@@ -223,54 +237,57 @@ def in_use(run_dir):
 
 
 def lock_results(out, name="lock"):
-    """Hold <out>/<name> for the life of this invocation: a second reproduce.py on the folder is one sentence
-    (it would call this one's runs FAILED and garble their logs). A link there is refused, not followed."""
+    """Hold <out>/<name> for the life of this invocation: a second reproduce.py on the folder is
+    one sentence (it would call this one's runs FAILED and garble their logs). A link there is
+    refused, not followed."""
     path = os.path.join(out, name)
     try:
         os.makedirs(out, exist_ok=True)
         f = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644), "r+")
     except OSError as e:
-        raise SystemExit(f"error: cannot take the lock {path} ({e.strerror}): remove what is there, or use "
-                         "another --results_dir") from None
+        raise SystemExit(f"error: cannot take the lock {path} ({e.strerror}): remove what is "
+                         "there, or use another --results_dir") from None
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = f.read().strip() or "unknown"
         f.close()
-        raise SystemExit(f"error: {out} is in use by another reproduce.py (pid {holder}): wait for it to end or "
-                         "stop it, or use another --results_dir") from None
+        raise SystemExit(f"error: {out} is in use by another reproduce.py (pid {holder}): wait "
+                         "for it to end or stop it, or use another --results_dir") from None
     f.truncate(0)
     f.write(str(os.getpid()))
     f.flush()
     return f
 
 
-# ---- the code a run ran ---------------------------------------------------------------------------------
+# ---- the code a run ran -------------------------------------------------------------------------
 def code_version():
-    """{"commit", "diff", "id"} of the Python code in this checkout: HEAD's commit, a hash of its uncommitted
-    Python edits (`git diff HEAD` and untracked .py files; None when there are none), and "id", a hash of the
-    Python code itself, equal for two commits that differ only in results or prose. None outside git."""
+    """{"commit", "diff", "id"} of the Python code in this checkout: HEAD's commit; a hash of its
+    uncommitted Python edits (`git diff HEAD` and untracked .py files; None when there are none);
+    and "id", a hash of the Python code itself, equal for two commits that differ only in results
+    or prose. None outside git."""
     def git(*args):
         p = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, timeout=60)
         if p.returncode:
             raise OSError(p.stderr.decode(errors="replace"))
         return p.stdout
+
     try:
         commit = git("rev-parse", "HEAD").decode().strip()
-        tree = git("ls-tree", "-r", "HEAD", "--", "*.py")
-        diff = hashlib.sha256(git("diff", "HEAD", "--binary", "--", "*.py"))
-        for name in sorted(git("ls-files", "--others", "--exclude-standard", "-z", "--", "*.py").split(b"\0")):
-            if name:
-                diff.update(name + b"\0")
-                with open(os.path.join(ROOT, name.decode()), "rb") as f:
-                    diff.update(f.read())
+        tree = git("ls-tree", "-r", "HEAD", "--", "*.py")   # the blob hash of every .py file
+        edits = hashlib.sha256(git("diff", "HEAD", "--binary", "--", "*.py"))
+        untracked = git("ls-files", "--others", "--exclude-standard", "-z", "--", "*.py")
+        for name in sorted(n for n in untracked.split(b"\0") if n):
+            with open(os.path.join(ROOT, name.decode()), "rb") as f:
+                edits.update(name + b"\0" + f.read())
     except (OSError, subprocess.SubprocessError):
         return None
-    dirty = diff.hexdigest()[:16] if diff.hexdigest() != hashlib.sha256().hexdigest() else None
-    return {"commit": commit, "diff": dirty, "id": hashlib.sha256(tree + (dirty or "").encode()).hexdigest()[:12]}
+    diff = edits.hexdigest()[:16] if edits.hexdigest() != hashlib.sha256().hexdigest() else None
+    code = hashlib.sha256(tree + (diff or "").encode()).hexdigest()[:12]
+    return {"commit": commit, "diff": diff, "id": code}
 
 
-# ---- running the grid's runs ------------------------------------------------------------------------
+# ---- running the grid's runs --------------------------------------------------------------------
 class Interrupted(Exception):
     """A run stopped by a signal to reproduce.py (or never started): it resumes next time."""
 
@@ -279,9 +296,9 @@ NOT_STARTED = "not started"
 
 
 class Children:
-    """The train.py processes of this invocation. A SIGTERM or SIGINT to reproduce.py reaches each of them
-    once (they run in sessions of their own, so a terminal's Ctrl-C is not delivered twice): they save and
-    exit, and no new run starts. Nothing is left running when reproduce.py ends."""
+    """The train.py processes of this invocation. A SIGTERM or SIGINT to reproduce.py reaches each
+    of them once (they run in sessions of their own, so a terminal's Ctrl-C is not delivered
+    twice): they save and exit, and no new run starts. Nothing is left running when it ends."""
 
     def __init__(self):
         self.lock, self.procs, self.stop = threading.RLock(), set(), None
@@ -299,7 +316,7 @@ class Children:
         sigs = (signal.SIGTERM, signal.SIGINT)
         try:
             old = {s: signal.signal(s, self.forward) for s in sigs}
-        except ValueError:   # not the main thread (a test, an embedding): no handlers to install
+        except ValueError:   # not the main thread (an embedding): no handlers to install
             old = {}
         try:
             yield self
@@ -314,7 +331,7 @@ class Children:
                 raise Interrupted(NOT_STARTED)
             p = subprocess.Popen(cmd, start_new_session=True, **kw)
             self.procs.add(p)
-            if self.stop:   # the signal came between the check and the start (same thread: RLock)
+            if self.stop:   # the signal came between the check and the start (one thread: RLock)
                 p.send_signal(self.stop)
         try:
             return p.wait()
@@ -330,23 +347,26 @@ class Runner:
     """Runs one (variant, seed) at a time (called from several threads on a CPU grid)."""
 
     def __init__(self, env, children, code, strict_code, torchrun=None):
-        self.env, self.children, self.code, self.strict_code, self.torchrun = env, children, code, strict_code, torchrun
+        self.env, self.children, self.torchrun = env, children, torchrun
+        self.code, self.strict_code = code, strict_code
 
     def __call__(self, job):
-        """Train job, resuming its interrupted run if there is one; its result dict (None when the run finished
-        on another node, whose rank 0 holds the metrics). Raises RuntimeError (failed: run again next time) or
-        Interrupted (stopped: resumes next time)."""
+        """Train job, resuming its interrupted run if there is one; its result dict (None when the
+        run finished on another node, whose rank 0 holds the metrics). Raises RuntimeError (failed:
+        run again next time) or Interrupted (stopped: resumes next time)."""
         now = code_version()
         if self.strict_code and code_id(now) != code_id(self.code):
-            raise Interrupted(f"not started: the code changed since this grid started ({code_id(self.code)} -> "
-                              f"{code_id(now)}); run again to go on with the new code")
+            raise Interrupted(f"not started: the code changed since this grid started "
+                              f"({code_id(self.code)} -> {code_id(now)}); run again to go on "
+                              "with the new code")
         pid = in_use(job.run_dir)
         if pid:
-            raise RuntimeError(f"not started: a train.py (pid {pid}) still runs in {job.run_dir}; stop it first")
+            raise RuntimeError(f"not started: a train.py (pid {pid}) still runs in {job.run_dir}; "
+                               "stop it first")
         resume, t0 = resumable(job.run_dir, job.args), time.time()
         wall_before = self.start(job, resume, now)
-        cmd = [*self.launch(), os.path.join(ROOT, "train.py"), os.path.join(ROOT, job.v.config), *job.args,
-               *(["--init_from=resume"] if resume else [])]
+        cmd = [*self.launch(), os.path.join(ROOT, "train.py"), os.path.join(ROOT, job.v.config),
+               *job.args, *(["--init_from=resume"] if resume else [])]
         log_path = os.path.join(job.run_dir, "train.log")
         with open(log_path, "a" if resume else "w") as log:
             if resume:
@@ -354,7 +374,8 @@ class Runner:
                 log.flush()
             rc = self.children.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         wall = wall_before + time.time() - t0
-        write_json(os.path.join(job.run_dir, "run.json"), {"args": job.args, "wall_s": wall, "code": now})
+        state = {"args": job.args, "wall_s": wall, "code": now}
+        write_json(os.path.join(job.run_dir, "run.json"), state)
         return self.result(job, rc, wall, resume, now, log_path)
 
     def launch(self):
@@ -363,12 +384,13 @@ class Runner:
         return [sys.executable, "-m", "torch.distributed.run", *self.torchrun]
 
     def start(self, job, resume, code):
-        """The wall time of the run so far; a run started afresh first loses the checkpoints of other settings."""
+        """The wall time of the run so far; a run started afresh first loses the checkpoints of
+        other settings (they must not be resumed later)."""
         os.makedirs(job.run_dir, exist_ok=True)
         state = os.path.join(job.run_dir, "run.json")
         if resume:
             return (load_json(state) or {}).get("wall_s", 0)
-        for f in checkpoints(job.run_dir):   # checkpoints of other settings must not be resumed later
+        for f in checkpoints(job.run_dir):
             os.remove(f)
         write_json(state, {"args": job.args, "wall_s": 0, "code": code})
         return 0
@@ -376,7 +398,8 @@ class Runner:
     def result(self, job, rc, wall, resume, code, log_path):
         records = evals(job.run_dir)
         max_iters = int(re.findall(r"--max_iters=(\d+)", " ".join(job.args))[-1])
-        other_node = self.torchrun and any(a.startswith("--node_rank=") and a != "--node_rank=0" for a in self.torchrun)
+        other_node = any(a.startswith("--node_rank=") and a != "--node_rank=0"
+                         for a in self.torchrun or [])
         if rc == 0 and not records and other_node:
             return None
         if not records or records[-1]["iter"] != max_iters or rc != 0:
@@ -387,72 +410,84 @@ class Runner:
                 last = (f.read().strip().splitlines() or ["(no output)"])[-1]
             raise RuntimeError(f"exit {rc}, {at}: {last}")
         last = records[-1]
-        names = list(last.get("scale_vectors", {}))
+        vectors = last.get("scale_vectors", {})
+        means = {n: [r["scale_vectors"][n][0] for r in records if n in r.get("scale_vectors", {})]
+                 for n in vectors}
         return {"variant": job.v.name, "seed": job.seed, "config": job.v.config, "args": job.args,
                 "val_loss": last["val_loss"], "train_loss": last["train_loss"],
                 "curve": [[r["iter"], r["val_loss"]] for r in records], "wall_s": wall,
-                "scale_vectors": last.get("scale_vectors", {}),
-                "sv_means": {n: [r["scale_vectors"][n][0] for r in records if n in r.get("scale_vectors", {})]
-                             for n in names},
-                "code": code, **({"resumed": True} if resume else {})}
+                "scale_vectors": vectors, "sv_means": means, "code": code,
+                **({"resumed": True} if resume else {})}
 
 
 def collect(out, grid, args_for):
-    """{variant: {seed: result}}: every seed of every variant in the folder whose result has these settings
-    (folder names matched literally, never as patterns)."""
+    """{variant: {seed: result}}: every seed of every variant in the folder whose result has these
+    settings (not a result of other sizes or overrides); names matched literally."""
     results = {}
     for v in grid:
         vdir = os.path.join(out, "runs", v.name)
         for name in sorted(os.listdir(vdir)) if os.path.isdir(vdir) else []:
             m = re.fullmatch(r"seed(\d+)", name)
             r = load_result(os.path.join(vdir, name)) if m else None
-            if r and r["args"] == args_for(v, int(m.group(1))):   # not a result of other sizes or overrides
+            if r and r["args"] == args_for(v, int(m.group(1))):
                 results.setdefault(v.name, {})[int(m.group(1))] = r
     return results
 
 
 def finish(d, res, keep):
     write_json(os.path.join(d, "result.json"), res)
-    if not keep:   # a CPU run's checkpoint is ~10 MB; result.json and metrics.jsonl hold what is reported
+    if not keep:   # a CPU run's checkpoint is ~10 MB; result.json and metrics.jsonl hold the rest
         for f in checkpoints(d):
             os.remove(f)
 
 
-# ---- the command line, step by step -----------------------------------------------------------------
+# ---- the command line, step by step -------------------------------------------------------------
 def parse_args(argv, grids):
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     p.add_argument("--grid", default="default", choices=sorted(grids))
-    p.add_argument("--variants", default="", help="comma-separated subset of the grid (their baselines are added)")
-    p.add_argument("--add", action="append", default=[], metavar="NAME:CONFIG[:OVERRIDES[:BASELINE]]",
-                   help="a new variant, e.g. 'wide:config/unified_char.py:--n_embd=192,--n_head=6' (paired with "
-                        "the grid's baseline unless BASELINE is given, or none); repeatable")
+    p.add_argument("--variants", default="",
+                   help="comma-separated subset of the grid (their baselines are added)")
+    p.add_argument("--add", action="append", default=[],
+                   metavar="NAME:CONFIG[:OVERRIDES[:BASELINE]]",
+                   help="a new variant, e.g. 'wide:config/unified_char.py:--n_embd=192,"
+                        "--n_head=6' (paired with the grid's baseline unless BASELINE is given, "
+                        "or none); repeatable")
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--extra", default="", help='more train.py overrides for every run, e.g. "--dataset=tiny --n_layer=2"')
+    p.add_argument("--extra", default="",
+                   help='more train.py overrides for every run, e.g. "--dataset=tiny --n_layer=2"')
     p.add_argument("--results_dir", default="", help="default: results/<grid>")
-    p.add_argument("--replace", action="store_true", help="run over results of other settings in the folder")
+    p.add_argument("--replace", action="store_true",
+                   help="run over results of other settings in the folder")
     p.add_argument("--mixed_code", action="store_true",
-                   help="add runs of this code to a folder that holds runs of other code (the summary lists each)")
+                   help="add runs of this code to a folder that holds runs of other code (the "
+                        "summary lists each)")
     p.add_argument("--keep_checkpoints", action="store_true",
                    help="keep each finished run's checkpoints (always on a node grid)")
-    p.add_argument("--dry_run", action="store_true", help="list the runs and the time estimate, run nothing")
-    p.add_argument("--summary_only", action="store_true", help="run nothing: write the summary and plots from "
-                   "the results in the folder (e.g. copied from a cluster)")
+    p.add_argument("--dry_run", action="store_true",
+                   help="list the runs and the time estimate, run nothing")
+    p.add_argument("--summary_only", action="store_true",
+                   help="run nothing: write the summary and plots from the results in the folder "
+                        "(e.g. copied from a cluster)")
     cpu = p.add_argument_group("CPU grids: several single-process runs at a time")
-    cpu.add_argument("--jobs", type=int, default=2, help="runs at a time; each gets cpu_count // jobs threads")
+    cpu.add_argument("--jobs", type=int, default=2,
+                     help="runs at a time; each gets cpu_count // jobs threads")
     cpu.add_argument("--max_iters", type=int, default=MAX_ITERS)
     node = p.add_argument_group("node grids: one run at a time through torchrun, on all GPUs")
     node.add_argument("--launcher", choices=["local", "torchrun"],
                       help="default: torchrun for node grids, local otherwise")
-    node.add_argument("--tokens", type=float, help="tokens per run (default: the configs' own, 10B)")
+    node.add_argument("--tokens", type=float,
+                      help="tokens per run (default: the configs' own, 10B)")
     node.add_argument("--tokens_per_s", type=float,
                       help="the node's measured training tokens/s, for --dry_run's estimate")
-    node.add_argument("--nproc_per_node", type=int, default=1, help="GPUs per node: processes per run")
+    node.add_argument("--nproc_per_node", type=int, default=1,
+                      help="GPUs per node: processes per run")
     node.add_argument("--nnodes", default="1")
     node.add_argument("--node_rank", type=int, default=0)
     node.add_argument("--master_addr", default="127.0.0.1")
     node.add_argument("--master_port", type=int, default=29500)
     node.add_argument("--rdzv_backend", default="c10d")
-    node.add_argument("--rdzv_endpoint", default="", help="host:port: a rendezvous instead of --master_addr")
+    node.add_argument("--rdzv_endpoint", default="",
+                      help="host:port: a rendezvous instead of --master_addr")
     node.add_argument("--rdzv_id", default="reproduce")
     a = p.parse_args(argv)
     for key in ("seeds", "jobs", "max_iters", "nproc_per_node"):
@@ -465,7 +500,7 @@ def parse_args(argv, grids):
 
 
 def choose_variants(a, p, grids):
-    """(the whole grid with --add's variants, the subset to run: --variants and their baselines)."""
+    """(the whole grid with --add's variants, the subset to run: --variants, their baselines)."""
     full = grids[a.grid]() if callable(grids[a.grid]) else list(grids[a.grid])
     for spec in a.add:
         full.append(parse_added(spec, full))
@@ -474,19 +509,20 @@ def choose_variants(a, p, grids):
     want, names = set(a.variants.split(",")), [v.name for v in full]
     if want - set(names):
         p.error(f"unknown variants {sorted(want - set(names))}; the grid has {names}")
-    want |= {v.baseline for v in full if v.name in want and v.baseline} | {s.split(":")[0] for s in a.add}
+    want |= {v.baseline for v in full if v.name in want and v.baseline}
+    want |= {s.split(":")[0] for s in a.add}
     return full, [v for v in full if v.name in want]
 
 
 def torchrun_args(a):
-    """torchrun's own arguments: one node (--standalone), static multi-node, or a rendezvous endpoint."""
+    """torchrun's own arguments: one node (--standalone), static multi-node, or a rendezvous."""
     n = [f"--nproc_per_node={a.nproc_per_node}"]
     if a.rdzv_endpoint:
         return [*n, f"--nnodes={a.nnodes}", f"--rdzv_backend={a.rdzv_backend}",
                 f"--rdzv_endpoint={a.rdzv_endpoint}", f"--rdzv_id={a.rdzv_id}"]
     if a.nnodes != "1":
-        return [*n, f"--nnodes={a.nnodes}", f"--node_rank={a.node_rank}", f"--master_addr={a.master_addr}",
-                f"--master_port={a.master_port}"]
+        return [*n, f"--nnodes={a.nnodes}", f"--node_rank={a.node_rank}",
+                f"--master_addr={a.master_addr}", f"--master_port={a.master_port}"]
     return [*n, "--standalone"]
 
 
@@ -494,8 +530,10 @@ class Grid:
     """One invocation's settings: where its runs go and with which arguments."""
 
     def __init__(self, a, grids):
-        # node grids (and --launcher=torchrun): torchrun on all GPUs, one run at a time, sized by --tokens
-        self.node = (a.launcher or ("torchrun" if is_node_grid(grids, a.grid) else "local")) == "torchrun"
+        # node grids (and --launcher=torchrun): torchrun on all GPUs, one run at a time, sized by
+        # --tokens
+        launcher = a.launcher or ("torchrun" if is_node_grid(grids, a.grid) else "local")
+        self.node = launcher == "torchrun"
         self.torchrun = torchrun_args(a) if self.node else None
         self.out = a.results_dir or os.path.join("results", a.grid)
         self.extra = shlex.split(a.extra)
@@ -506,30 +544,33 @@ class Grid:
         return os.path.join(self.out, "runs", v.name, f"seed{seed}")
 
     def args_for(self, v, seed):
-        return run_args(v, self.max_iters, self.extra, seed, self.run_dir(v, seed), self.tokens, self.node)
+        return run_args(v, self.max_iters, self.extra, seed, self.run_dir(v, seed), self.tokens,
+                        self.node)
 
     def jobs(self, variants, seeds):
-        """Seed by seed (an interrupted grid still has whole seeds), each with whether it is done."""
+        """Seed by seed (an interrupted grid still has whole seeds), each saying if it is done."""
         out = []
         for seed in range(1, seeds + 1):
             for v in variants:
-                args = self.args_for(v, seed)
-                run_dir = self.run_dir(v, seed)
-                out.append(Job(v, seed, args, run_dir, (load_result(run_dir) or {}).get("args") == args))
+                args, run_dir = self.args_for(v, seed), self.run_dir(v, seed)
+                done = (load_result(run_dir) or {}).get("args") == args
+                out.append(Job(v, seed, args, run_dir, done))
         return out
 
 
 def check_results_dir(out):
-    """The folder (or the first of its parents that exists) must be a folder: one sentence, not a traceback."""
+    """The folder (or the first of its parents that exists) must be a folder."""
     path = os.path.abspath(out)
     while not os.path.exists(path):
         path = os.path.dirname(path)
     if not os.path.isdir(path):
-        raise SystemExit(f"error: --results_dir={out}: {path} is a file, not a folder: pick another --results_dir")
+        raise SystemExit(f"error: --results_dir={out}: {path} is a file, not a folder: pick "
+                         "another --results_dir")
 
 
 def conflicts(jobs):
-    """Runs that would overwrite a finished or resumable run of other settings: [(run_dir, old args, new args)]."""
+    """Runs that would overwrite a finished or resumable run of other settings:
+    [(run_dir, old args, new args)]."""
     out = []
     for job in jobs:
         old = (load_result(job.run_dir) or {}).get("args")
@@ -545,18 +586,21 @@ def refuse_other_settings(out, jobs):
     if clash:
         run_dir, old, new = clash[0]
         was, now = [x for x in old if x not in new], [x for x in new if x not in old]
-        raise SystemExit(f"error: {out} already holds {len(clash)} of these runs with other settings (e.g. {run_dir} "
-                         f"has {shlex.join(was) or 'fewer arguments'} where this has {shlex.join(now) or 'none'}): "
-                         "write to another folder with --results_dir=DIR, or pass --replace to run them again over "
-                         "the old ones")
+        raise SystemExit(f"error: {out} already holds {len(clash)} of these runs with other "
+                         f"settings (e.g. {run_dir} has {shlex.join(was) or 'fewer arguments'} "
+                         f"where this has {shlex.join(now) or 'none'}): write to another folder "
+                         "with --results_dir=DIR, or pass --replace to run them again over the "
+                         "old ones")
 
 
 def folder_codes(out, grid, args_for, jobs):
-    """{code id: runs} of the grid's results in the folder, and of the interrupted runs a job would resume."""
+    """{code id: runs} of the grid's results in the folder, and of the interrupted runs a job
+    would resume."""
     codes = [r.get("code") for res in collect(out, grid, args_for).values() for r in res.values()]
     codes += [(load_json(os.path.join(j.run_dir, "run.json")) or {}).get("code") for j in jobs
               if not j.done and resumable(j.run_dir, j.args)]
-    return {k: [code_id(c) for c in codes].count(k) for k in {code_id(c) for c in codes}}
+    ids = [code_id(c) for c in codes]
+    return {k: ids.count(k) for k in set(ids)}
 
 
 def refuse_mixed_code(out, codes, code):
@@ -565,37 +609,42 @@ def refuse_mixed_code(out, codes, code):
     if other:
         shown = ", ".join(f"{n} of {k}" for k, n in sorted(other.items()))
         raise SystemExit(f"error: {out} holds runs of other code ({shown}) than this checkout's "
-                         f"({code_id(code)}): pass --mixed_code to add runs of this code anyway (summary.md lists "
-                         "each run's code), or use another --results_dir")
+                         f"({code_id(code)}): pass --mixed_code to add runs of this code anyway "
+                         "(summary.md lists each run's code), or use another --results_dir")
 
 
 def plan(a, g, jobs, todo):
     """The grid's first line: runs done and to do, and how long those to do should take."""
-    line = (f"grid {a.grid}: {len({j.v.name for j in jobs})} variants x {a.seeds} seeds = {len(jobs)} runs, "
-            f"{len(jobs) - len(todo)} done, {len(todo)} to do")
+    line = (f"grid {a.grid}: {len({j.v.name for j in jobs})} variants x {a.seeds} seeds = "
+            f"{len(jobs)} runs, {len(jobs) - len(todo)} done, {len(todo)} to do")
     if not todo:
         return line
     if g.node:
-        sized = [(j.v, node_sizing(j.v.config, tuple(j.v.overrides + g.extra), g.tokens)[1]) for j in todo]
+        sized = [(j.v, node_sizing(j.v.config, tuple(j.v.overrides + g.extra), g.tokens)[1])
+                 for j in todo]
         gpus = a.nproc_per_node * (int(a.nnodes) if a.nnodes.isdigit() else 1)
         secs, how = node_estimate(sized, a.tokens_per_s, gpus, g.extra)
-        return (f"{line}; {sum(n for _, n in sized) / 1e9:.2f}B tokens to train, one run at a time on {gpus} GPUs; "
-                f"estimate {secs / 3600:.1f} h ({how})")
-    iters = [int(next(x for x in j.args if x.startswith("--max_iters=")).split("=")[1]) for j in todo]
-    secs = sum(local_estimate(j.v, n, g.extra) for j, n in zip(todo, iters)) / max(1, min(a.jobs, os.cpu_count() or 1))
+        return (f"{line}; {sum(n for _, n in sized) / 1e9:.2f}B tokens to train, one run at a "
+                f"time on {gpus} GPUs; estimate {secs / 3600:.1f} h ({how})")
+    iters = [int(next(x for x in j.args if x.startswith("--max_iters=")).split("=")[1])
+             for j in todo]
+    at_once = max(1, min(a.jobs, os.cpu_count() or 1))
+    secs = sum(local_estimate(j.v, n, g.extra) for j, n in zip(todo, iters)) / at_once
     span = f"{min(iters)}-{max(iters)}" if min(iters) < max(iters) else str(iters[0])
     return f"{line}; {span} iterations each; estimate {secs / 60:.0f} min with {a.jobs} jobs"
 
 
 def print_jobs(g, jobs):
-    launch = ["python", "train.py"] if g.torchrun is None else ["torchrun", *g.torchrun, "train.py"]
+    launch = ["python"] if g.torchrun is None else ["torchrun", *g.torchrun]
     for job in jobs:
-        state = "done  " if job.done else "resume" if resumable(job.run_dir, job.args) else "to do "
-        print(f"{state} " + shlex.join([*launch, job.v.config, *job.args]))
+        resume = resumable(job.run_dir, job.args)
+        state = "done  " if job.done else "resume" if resume else "to do "
+        print(f"{state} " + shlex.join([*launch, "train.py", job.v.config, *job.args]))
 
 
 class Progress:
-    """One line per finished run: its loss, or why it failed or stopped; failed and stopped runs counted."""
+    """One line per finished run: its loss, or why it failed or stopped; failed and stopped runs
+    counted."""
 
     def __init__(self, todo, keep):
         self.n, self.keep, self.t_start, self.k = len(todo), keep, time.time(), 0
@@ -616,18 +665,20 @@ class Progress:
         else:
             finish(job.run_dir, res, self.keep)
             eta = (time.time() - self.t_start) / self.k * (self.n - self.k)
-            print(f"{head}: val {res['val_loss']:.4f} ({res['wall_s']:.0f} s{', resumed' if res.get('resumed') else ''}),"
-                  f" ETA {eta / 60:.1f} min", flush=True)
+            resumed = ", resumed" if res.get("resumed") else ""
+            print(f"{head}: val {res['val_loss']:.4f} ({res['wall_s']:.0f} s{resumed}), "
+                  f"ETA {eta / 60:.1f} min", flush=True)
 
 
 def run_all(a, g, todo, runner, progress):
-    """Every run of todo: one at a time on all GPUs (node), or a.jobs single-process runs at a time (CPU)."""
+    """Every run of todo: one at a time on all GPUs (node), or a.jobs single-process runs at a
+    time (CPU)."""
     if g.node:
         for job in todo:
             if not runner.children.stop:
-                print(f"[{progress.k + 1}/{progress.n}] {job.v.name} seed {job.seed}: "
-                      f"{'resuming' if resumable(job.run_dir, job.args) else 'starting'}, log: {job.run_dir}/train.log",
-                      flush=True)
+                how = "resuming" if resumable(job.run_dir, job.args) else "starting"
+                print(f"[{progress.k + 1}/{progress.n}] {job.v.name} seed {job.seed}: {how}, "
+                      f"log: {job.run_dir}/train.log", flush=True)
             try:
                 progress(job, res=runner(job))
             except (RuntimeError, Interrupted) as e:
@@ -643,24 +694,28 @@ def run_all(a, g, todo, runner, progress):
 
 
 def write_reports(a, g, full, progress, t_start):
-    """summary.md, summary.json and the figures, from every result of the grid in the folder."""
-    results = collect(g.out, full, g.args_for)   # the whole grid, not only this invocation's runs
+    """summary.md, summary.json and the figures, from every result of the grid in the folder (the
+    whole grid, not only this invocation's runs)."""
+    results = collect(g.out, full, g.args_for)
     rows = summarize(full, results)
     command = shlex.join(["python", "reproduce.py", *a.argv])
     n_done = sum(len(r) for r in results.values())
-    launch = "python train.py" if g.torchrun is None else shlex.join(["torchrun", *g.torchrun, "train.py"])
+    launch = "python train.py" if g.torchrun is None else shlex.join(["torchrun", *g.torchrun,
+                                                                      "train.py"])
     schedule = "<schedule for --tokens>" if g.node else shlex.join(sizing(a.max_iters))
     wall = sum(r["wall_s"] for res in results.values() for r in res.values())
     header = [f"# Reproduction: grid `{a.grid}`", "", f"Last command: `{command}`", "",
-              f"Runs: {n_done} complete in {g.out} with these settings (all seeds found), {len(progress.failed)} "
-              f"failed in the last invocation. Wall time of the last invocation: {(time.time() - t_start) / 60:.1f} "
-              f"min; summed over all runs: {wall / 60:.1f} min.",
-              f"Each run: `{launch} <config> {schedule} <variant's overrides> {shlex.join(g.extra)} --seed=S "
-              "--out_dir=...`", "", *code_lines(results)]
+              f"Runs: {n_done} complete in {g.out} with these settings (all seeds found), "
+              f"{len(progress.failed)} failed in the last invocation. Wall time of the last "
+              f"invocation: {(time.time() - t_start) / 60:.1f} min; summed over all runs: "
+              f"{wall / 60:.1f} min.",
+              f"Each run: `{launch} <config> {schedule} <variant's overrides> "
+              f"{shlex.join(g.extra)} --seed=S --out_dir=...`", "", *code_lines(results)]
     os.makedirs(g.out, exist_ok=True)
     lines, report = REPORTS[a.grid](results) if a.grid in REPORTS and results else ([], None)
-    write_json(os.path.join(g.out, "summary.json"), {"command": command, "runs": n_done, "complete": n_done,
-                                                     "rows": rows, **({"report": report} if report else {})})
+    summary = {"command": command, "runs": n_done, "complete": n_done, "rows": rows,
+               **({"report": report} if report else {})}
+    write_json(os.path.join(g.out, "summary.json"), summary)
     write_summary(g.out, rows, header, lines)
     if results:
         plot_grid(g.out, full, results)
@@ -691,20 +746,24 @@ def main(argv=None, grids=GRIDS):
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // a.jobs)))
     keep = a.keep_checkpoints or g.node   # a node run's model is worth keeping
     t_start, progress = time.time(), Progress(todo, keep)
+    # nodes of one multi-node grid share the folder: one lock per machine
     lock = lock_results(g.out, "lock" if a.nnodes == "1" else f"lock.{socket.gethostname()}")
     try:
         with Children().forwarding() as children:
-            run_all(a, g, todo, Runner(env, children, code, not a.mixed_code, g.torchrun), progress)
+            runner = Runner(env, children, code, not a.mixed_code, g.torchrun)
+            run_all(a, g, todo, runner, progress)
         if children.stop:
-            print(f"interrupted: {len(progress.stopped)} runs stopped; run the same command again to resume them")
+            print(f"interrupted: {len(progress.stopped)} runs stopped; run the same command again "
+                  "to resume them")
             return 128 + children.stop
         write_reports(a, g, full, progress, t_start)
     finally:
         lock.close()
-    failed = len(progress.failed)
-    print(f"wrote {g.out}/summary.md, summary.json and plots" + (f"; {failed} runs failed: run again to retry" if failed else "")
-          + (f"; {len(progress.stopped)} not started: run again" if progress.stopped else ""))
-    return 1 if failed or progress.stopped else 0
+    failed, stopped = len(progress.failed), len(progress.stopped)
+    print(f"wrote {g.out}/summary.md, summary.json and plots"
+          + (f"; {failed} runs failed: run again to retry" if failed else "")
+          + (f"; {stopped} not started: run again" if stopped else ""))
+    return 1 if failed or stopped else 0
 
 
 if __name__ == "__main__":
