@@ -264,27 +264,36 @@ def lock_results(out, name="lock"):
 def code_version():
     """{"commit", "diff", "id"} of the Python code in this checkout: HEAD's commit; a hash of its
     uncommitted Python edits (`git diff HEAD` and untracked .py files; None when there are none);
-    and "id", a hash of the Python code itself, equal for two commits that differ only in results
-    or prose. None outside git."""
+    and "id", a hash of the .py files as they are, so two checkouts of the same code share it
+    (two commits that differ only in results or prose, an edit and its commit). None outside
+    git."""
     def git(*args):
         p = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, timeout=60)
         if p.returncode:
             raise OSError(p.stderr.decode(errors="replace"))
         return p.stdout
 
+    def hash_files(names):
+        h = hashlib.sha256()
+        for name in sorted(n for n in names.split(b"\0") if n):
+            path = os.path.join(ROOT, name.decode())
+            if os.path.isfile(path):   # a deleted file is in the diff, not here
+                with open(path, "rb") as f:
+                    h.update(name + b"\0" + f.read())
+        return h
+
     try:
         commit = git("rev-parse", "HEAD").decode().strip()
-        tree = git("ls-tree", "-r", "HEAD", "--", "*.py")   # the blob hash of every .py file
         edits = hashlib.sha256(git("diff", "HEAD", "--binary", "--", "*.py"))
-        untracked = git("ls-files", "--others", "--exclude-standard", "-z", "--", "*.py")
-        for name in sorted(n for n in untracked.split(b"\0") if n):
-            with open(os.path.join(ROOT, name.decode()), "rb") as f:
-                edits.update(name + b"\0" + f.read())
+        untracked = git("ls-files", "-z", "--others", "--exclude-standard", "--", "*.py")
+        edits.update(hash_files(untracked).digest())
+        clean = hashlib.sha256(hashlib.sha256(b"").digest()).hexdigest()
+        files = hash_files(git("ls-files", "-z", "--cached", "--others", "--exclude-standard",
+                               "--", "*.py"))
     except (OSError, subprocess.SubprocessError):
         return None
-    diff = edits.hexdigest()[:16] if edits.hexdigest() != hashlib.sha256().hexdigest() else None
-    code = hashlib.sha256(tree + (diff or "").encode()).hexdigest()[:12]
-    return {"commit": commit, "diff": diff, "id": code}
+    diff = edits.hexdigest()[:16] if edits.hexdigest() != clean else None
+    return {"commit": commit, "diff": diff, "id": files.hexdigest()[:12]}
 
 
 # ---- running the grid's runs --------------------------------------------------------------------

@@ -503,6 +503,32 @@ def test_a_folder_holds_one_code_version_unless_mixed_code(tmp_path, monkeypatch
     assert out.count("interrupted (not started: the code changed since this grid started (one -> two)") == 2, out
 
 
+def test_the_code_id_follows_the_python_code_not_the_commit(tmp_path, monkeypatch):
+    """Two commits that differ in prose or results only share an id; a Python edit changes it, and
+    committing the edit does not; an untracked .py file counts as an edit."""
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+    git("init", "-q")
+    (tmp_path / "train.py").write_text("x = 1\n")
+    (tmp_path / "README.md").write_text("a\n")
+    git("add", "."), git("commit", "-qm", "one")
+    monkeypatch.setattr(reproduce, "ROOT", str(tmp_path))
+    first = reproduce.code_version()
+    (tmp_path / "README.md").write_text("b\n")
+    git("commit", "-qam", "prose")
+    prose = reproduce.code_version()
+    assert prose["commit"] != first["commit"] and prose["id"] == first["id"] and prose["diff"] is None
+    (tmp_path / "train.py").write_text("x = 2\n")
+    edited = reproduce.code_version()
+    assert edited["diff"] is not None and edited["id"] != first["id"]
+    git("commit", "-qam", "code")
+    committed = reproduce.code_version()
+    assert committed["diff"] is None and committed["id"] == edited["id"]
+    (tmp_path / "new.py").write_text("y = 1\n")
+    assert reproduce.code_version()["diff"] is not None
+
+
 def test_the_code_version_names_the_commit_and_hashes_uncommitted_edits():
     code = reproduce.code_version()
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
