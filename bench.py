@@ -38,8 +38,8 @@ from model import GPT, GPTConfig, default_device, peak_flops
 from train_defaults import DEFAULTS
 
 
-# train.py's keys (train_defaults.py, so any config file of train.py is one here too), the vocabulary's
-# size (used without a prepared dataset: --vocab_size), and bench.py's own
+# train.py's keys (train_defaults.py, so any config file of train.py is one here too), the
+# vocabulary's size (used without a prepared dataset: --vocab_size), and bench.py's own
 defaults = {**DEFAULTS, "vocab_size": GPTConfig.vocab_size,
             "steps": 20, "warmup": 5,       # measured steps, and unmeasured ones before them (compile, caches)
             "compare": "",                  # comma-separated: config files, "gpt2", or key=value[+key=value]
@@ -55,8 +55,8 @@ HONOURED = {f.name for f in fields(GPTConfig)} | {"batch_size", "device", "dtype
 
 
 # the values a benchmark accepts: train.py's rules for the keys it uses, and its own
-BENCH_RULES = {**{k: v for k, v in TRAIN_RULES.items() if k in HONOURED}, "vocab_size": at_least(1),
-               "steps": at_least(1), "warmup": at_least(0),
+BENCH_RULES = {**{k: v for k, v in TRAIN_RULES.items() if k in HONOURED},
+               "vocab_size": at_least(1), "steps": at_least(1), "warmup": at_least(0),
                "rounds": at_least(1), "arch": one_of("llama", "gpt2")}
 
 
@@ -113,25 +113,28 @@ def read_vocab(meta_path):
     except (OSError, ValueError, KeyError, TypeError):
         vocab = None
     if type(vocab) is not int or vocab < 1:
-        raise ConfigError(f"{meta_path} holds no positive integer vocab_size (torn or not a meta.json): "
-                          "prepare the dataset again with prepare_data.py")
+        raise ConfigError(f"{meta_path} holds no positive integer vocab_size (torn or not a "
+                          "meta.json): prepare the dataset again with prepare_data.py")
     return vocab
 
 
 def model_config(cfg, argv=()):
-    """The GPTConfig to time, its vocabulary from data/<dataset>/meta.json (else --vocab_size). A --dataset
-    named in argv must exist unless --vocab_size is given too: a misspelled name is no silent GPT-2 vocabulary."""
+    """The GPTConfig to time, its vocabulary from data/<dataset>/meta.json (else --vocab_size).
+    A --dataset named in argv must exist unless --vocab_size is given too: a misspelled name is
+    no silent GPT-2 vocabulary."""
     meta_path = os.path.join("data", cfg["dataset"], "meta.json")
     given = {a[2:].partition("=")[0] for a in argv if a.startswith("--")}
     if os.path.exists(meta_path):
         vocab = read_vocab(meta_path)
     elif "dataset" in given and "vocab_size" not in given:
-        raise ConfigError(f"--dataset={cfg['dataset']} has no {meta_path}: check the name, prepare it with "
-                          "prepare_data.py, or give --vocab_size=N to time the model without data")
+        raise ConfigError(f"--dataset={cfg['dataset']} has no {meta_path}: check the name, "
+                          "prepare it with prepare_data.py, or give --vocab_size=N to time the "
+                          "model without data")
     else:
         vocab = cfg["vocab_size"]
     try:
-        return GPTConfig(**{**{f.name: cfg[f.name] for f in fields(GPTConfig)}, "vocab_size": vocab})
+        return GPTConfig(**{**{f.name: cfg[f.name] for f in fields(GPTConfig)},
+                            "vocab_size": vocab})
     except ValueError as e:   # a shape or flag the model refuses (n_embd % n_head, ...)
         raise ConfigError(str(e)) from None
 
@@ -258,8 +261,9 @@ def compare(runs, cfg):
 
 
 def check(argv):
-    """The base configuration, after every check that needs no model: its keys and values, and for it and each
-    --compare item, a device this machine has and a model that can be built (ConfigError otherwise)."""
+    """The base configuration, after every check that needs no model: its keys and values, and
+    for it and each --compare item, a device this machine has and a model that can be built
+    (ConfigError otherwise)."""
     refuse_ignored(argv)
     cfg = configure(defaults, argv, BENCH_RULES)
     for name, args in (compared_runs(argv, cfg) if cfg["compare"] else {"base": argv}).items():

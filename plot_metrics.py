@@ -71,7 +71,8 @@ def grid_results(results_dir):
     from collections import namedtuple
     V = namedtuple("V", "name baseline")
     results = {}
-    for path in sorted(glob.glob(os.path.join(glob.escape(results_dir), "runs", "*", "seed*", "result.json"))):
+    pattern = os.path.join(glob.escape(results_dir), "runs", "*", "seed*", "result.json")
+    for path in sorted(glob.glob(pattern)):   # the folder's own name is no pattern
         with open(path) as f:
             r = json.load(f)
         results.setdefault(r["variant"], {})[r["seed"]] = r

@@ -32,9 +32,9 @@ from prepare_data import load_meta
 from train_defaults import DEFAULTS
 
 # -----------------------------------------------------------------------------
-# config keys: train_defaults.py holds each one with its default and what it means (out_dir, dataset,
-# batch_size, the model's fields, learning_rate, max_iters, seed, ...); a config file sets some, then
-# --key=value overrides; after the checks below, every key is a global of this script
+# config keys: train_defaults.py holds each one with its default and what it means (out_dir,
+# dataset, batch_size, the model's fields, learning_rate, max_iters, seed, ...); a config file
+# sets some, then --key=value overrides; after the checks below, every key is a global here
 try:   # every check that needs no data comes first: nothing is written to out_dir before all pass
     config = configure(DEFAULTS, sys.argv[1:], TRAIN_RULES)
     check_device(config["device"])
