@@ -97,7 +97,7 @@ def lr_sweep(results, seeds=(1,)):
     sweep = {}
     for name, res in results.items():
         family, sep, lr = name.rpartition("_lr")
-        if sep and lr in LRS and any(s in res for s in seeds):   # not a variant of --add
+        if sep and lr in LRS and any(s in res for s in seeds):   # not an --add variant
             sweep.setdefault(family, {})[lr] = float(np.mean([res[s]["val_loss"] for s in seeds if s in res]))
     return sweep
 
@@ -257,24 +257,24 @@ def scaling_report(results):
 REPORTS = {"lr": lr_report, "scaling": scaling_report}
 
 
-# ---- the code each result came from ---------------------------------------------------------------
+# ---- the code each result came from ------------------------------------------------------------
 def code_id(code):
-    """The label two runs of the same code share: the "id" of reproduce.code_version(); an older result's
-    string (git describe) as it is; "unknown" for a result that does not say."""
+    """The label two runs of the same code share: the "id" of reproduce.code_version(); an older
+    result's string (git describe) as it is; "unknown" for a result that does not say."""
     return code.get("id", "unknown") if isinstance(code, dict) else code or "unknown"
 
 
 def code_lines(results):
-    """summary.md's line on the code of the results: one version, or how many runs each one made."""
+    """summary.md's line on the code of the results: one version, or how many runs each made."""
     runs = {}
     for res in results.values():
         for r in res.values():
-            label = code_id(r.get("code"))
-            if isinstance(r.get("code"), dict):
-                c = r["code"]
-                label += f" (commit {c['commit'][:12]}" + (f", uncommitted edits {c['diff']})" if c["diff"] else ")")
+            label, c = code_id(r.get("code")), r.get("code")
+            if isinstance(c, dict):
+                edits = f", uncommitted edits {c['diff']}" if c.get("diff") else ""
+                label += f" (commit {str(c.get('commit'))[:12]}{edits})"
             runs[label] = runs.get(label, 0) + 1
     if len(runs) <= 1:
         return [f"Code: every run by {next(iter(runs), 'no run')}."]
-    return ["Code: the runs mix code versions (--mixed_code): " + "; ".join(f"{n} by {k}" for k, n in
-                                                                              sorted(runs.items())) + "."]
+    mix = "; ".join(f"{n} by {k}" for k, n in sorted(runs.items()))
+    return [f"Code: the runs mix code versions (--mixed_code): {mix}."]

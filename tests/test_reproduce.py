@@ -584,3 +584,12 @@ def test_a_signal_to_reproduce_stops_its_train_py_and_the_run_resumes_next_time(
         out = capsys.readouterr().out
         assert "0 done, 1 to do" in out and "resumed" in out, out
         assert "resuming from" in (run / "train.log").read_text()
+
+
+def test_the_summary_says_which_code_made_the_runs():
+    one = {"id": "abc", "commit": "c" * 40, "diff": None}
+    assert report.code_lines({"a": {1: {"code": one}, 2: {"code": one}}}) == \
+        [f"Code: every run by abc (commit {'c' * 12})."]
+    mixed = report.code_lines({"a": {1: {"code": one}, 2: {}}, "b": {1: {"code": "f2e3455-dirty"}}})
+    assert mixed == [f"Code: the runs mix code versions (--mixed_code): 1 by abc (commit {'c' * 12}); "
+                     "1 by f2e3455-dirty; 1 by unknown."]
