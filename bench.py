@@ -19,7 +19,6 @@ Its keys are train.py's config keys (and a few of its own, below); a train.py ke
 Peak memory is the CUDA allocator's peak, or on a CPU the process's peak resident size
 (which includes PyTorch itself: compare differences, not ratios, for small models).
 """
-import ast
 import json
 import os
 import resource
@@ -34,27 +33,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from configurator import TRAIN_RULES, ConfigError, at_least, configure, one_of
+from configurator import TRAIN_RULES, ConfigError, at_least, check_device, configure, one_of
 from model import GPT, GPTConfig, default_device, peak_flops
+from train_defaults import DEFAULTS
 
 
-def train_config_defaults():
-    """train.py's config keys and defaults: the assignments of its config block (above `config_keys = ...`)
-    and the fields of GPTConfig, read from its source (running it would train), so that any config file of
-    train.py is also a valid config file here, and its other names (ckpt, stop_signal...) are not keys."""
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")) as f:
-        tree = ast.parse(f.read())
-    keys = {f.name: f.default for f in fields(GPTConfig)}
-    for node in tree.body:
-        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
-            continue
-        if node.targets[0].id == "config_keys":
-            break
-        keys[node.targets[0].id] = ast.literal_eval(node.value)
-    return keys
-
-
-defaults = {**train_config_defaults(),
+# train.py's keys (train_defaults.py, so any config file of train.py is one here too), the
+# vocabulary's size (used without a prepared dataset: --vocab_size), and bench.py's own
+defaults = {**DEFAULTS, "vocab_size": GPTConfig.vocab_size,
             "steps": 20, "warmup": 5,       # measured steps, and unmeasured ones before them (compile, caches)
             "compare": "",                  # comma-separated: config files, "gpt2", or key=value[+key=value]
             "rounds": 3,                    # alternations of the compared configurations
@@ -69,13 +55,14 @@ HONOURED = {f.name for f in fields(GPTConfig)} | {"batch_size", "device", "dtype
 
 
 # the values a benchmark accepts: train.py's rules for the keys it uses, and its own
-BENCH_RULES = {**{k: v for k, v in TRAIN_RULES.items() if k in HONOURED}, "steps": at_least(1), "warmup": at_least(0),
+BENCH_RULES = {**{k: v for k, v in TRAIN_RULES.items() if k in HONOURED},
+               "vocab_size": at_least(1), "steps": at_least(1), "warmup": at_least(0),
                "rounds": at_least(1), "arch": one_of("llama", "gpt2")}
 
 
 def refuse_ignored(argv):
     """A --key=value of train.py that bench.py does not use is an error (in a config file it is expected)."""
-    train_keys = set(train_config_defaults()) - HONOURED
+    train_keys = set(DEFAULTS) - HONOURED
     for arg in argv:
         key, _, value = arg[2:].partition("=")
         if arg.startswith("--") and key in train_keys and value != str(defaults[key]):
@@ -118,13 +105,46 @@ class GPT2(nn.Module):
         return 6 * n + 12 * len(self.blocks) * self.wte.weight.size(1) * self.wpe.weight.size(0)
 
 
+def read_vocab(meta_path):
+    """vocab_size of a dataset's meta.json, or one ConfigError naming the file."""
+    try:
+        with open(meta_path) as f:
+            vocab = json.load(f)["vocab_size"]
+    except (OSError, ValueError, KeyError, TypeError):
+        vocab = None
+    if type(vocab) is not int or vocab < 1:
+        raise ConfigError(f"{meta_path} holds no positive integer vocab_size (torn or not a "
+                          "meta.json): prepare the dataset again with prepare_data.py")
+    return vocab
+
+
+def model_config(cfg, argv=()):
+    """The GPTConfig to time, its vocabulary from data/<dataset>/meta.json (else --vocab_size).
+    A --dataset named in argv must exist unless --vocab_size is given too: a misspelled name is
+    no silent GPT-2 vocabulary."""
+    meta_path = os.path.join("data", cfg["dataset"], "meta.json")
+    given = {a[2:].partition("=")[0] for a in argv if a.startswith("--")}
+    if os.path.exists(meta_path):
+        vocab = read_vocab(meta_path)
+    elif "dataset" in given and "vocab_size" not in given:
+        raise ConfigError(f"--dataset={cfg['dataset']} has no {meta_path}: check the name, "
+                          "prepare it with prepare_data.py, or give --vocab_size=N to time the "
+                          "model without data")
+    else:
+        vocab = cfg["vocab_size"]
+    try:
+        return GPTConfig(**{**{f.name: cfg[f.name] for f in fields(GPTConfig)},
+                            "vocab_size": vocab})
+    except ValueError as e:   # a shape or flag the model refuses (n_embd % n_head, ...)
+        raise ConfigError(str(e)) from None
+
+
 def build(cfg):
     """The configured model and a function that runs one training step on it (synchronized)."""
     device = cfg["device"] or default_device()
     dtype = cfg["dtype"] or ("bfloat16" if device.startswith("cuda") else "float32")
-    meta_path = os.path.join("data", cfg["dataset"], "meta.json")
-    vocab = json.load(open(meta_path))["vocab_size"] if os.path.exists(meta_path) else cfg["vocab_size"]
-    gcfg = GPTConfig(**{**{f.name: cfg[f.name] for f in fields(GPTConfig)}, "vocab_size": vocab})
+    gcfg = model_config(cfg)
+    vocab = gcfg.vocab_size
     torch.manual_seed(0)
     model = (GPT2(gcfg) if cfg["arch"] == "gpt2" else GPT(gcfg)).to(device)
     # as train.py: the fused AdamW on CUDA and CPU; the reference as nanoGPT: fused on CUDA only
@@ -240,11 +260,26 @@ def compare(runs, cfg):
               f"| {mem:,.0f} | {mem / base_mem:.3f} |")
 
 
+def check(argv):
+    """The base configuration, after every check that needs no model: its keys and values, and
+    for it and each --compare item, a device this machine has and a model that can be built
+    (ConfigError otherwise)."""
+    refuse_ignored(argv)
+    cfg = configure(defaults, argv, BENCH_RULES)
+    for name, args in (compared_runs(argv, cfg) if cfg["compare"] else {"base": argv}).items():
+        try:
+            c = configure(defaults, args, BENCH_RULES)
+            check_device(c["device"])
+            model_config(c, args)
+        except ConfigError as e:
+            raise ConfigError(e if name == "base" else f"--compare item {name!r}: {e}") from None
+    return cfg
+
+
 if __name__ == "__main__":
     argv = sys.argv[1:]
     try:
-        refuse_ignored(argv)
-        cfg = configure(defaults, argv, BENCH_RULES)
+        cfg = check(argv)
     except ConfigError as e:
         sys.exit(f"error: {e}")
     if cfg["compare"]:

@@ -138,6 +138,17 @@ def one_of(*values):
     return (lambda v: v in values, "one of " + ", ".join(map(repr, values)))
 
 
+boolean = (lambda v: isinstance(v, bool), "True or False")
+
+
+def model_table(name):
+    """A key of one of model.py's tables (PLACEMENTS, REPARAMS, DNP_WIDTHS), the one list."""
+    def ok(v):
+        import model   # here: prepare_data.py need not import torch to use this module
+        return v in getattr(model, name)
+    return (ok, f"a key of model.{name}")
+
+
 DEVICE = re.compile(r"(cpu|cuda(:\d+)?|mps)?")
 DATASET = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")   # one folder under data/: no "..", no "/"
 
@@ -156,6 +167,18 @@ TRAIN_RULES = {
     "min_lr": at_least(0), "wsd_decay_frac": fraction(hi_open=False), "wsd_shape": one_of("linear", "1-sqrt"),
     "device": (lambda v: DEVICE.fullmatch(v) is not None, "'' (pick one), 'cpu', 'cuda', 'cuda:N' or 'mps'"),
     "dtype": one_of("", "float32", "bfloat16"), "mfu_peak_flops": at_least(0),
+    "overwrite": boolean, "resume_fallback": boolean, "compile": boolean,
+    "seed": (lambda v: 0 <= v < 2**63, "in [0, 2**63)"),   # numpy takes no negative seed
+    # the model's keys (model.GPTConfig's fields); GPTConfig also checks how they combine
+    "mlp_hidden": at_least(0), "rope_theta": above(0), "norm_eps": above(0),
+    "tie_embeddings": boolean, "kernels": boolean, "scale_vectors": boolean, "sv_hetero": boolean,
+    "qk_norm": boolean, "post_norm": boolean,
+    "sv_placement": model_table("PLACEMENTS"), "sv_reparam": model_table("REPARAMS"),
+    "sv_dnp_width": model_table("DNP_WIDTHS"),
+    "n_experts": at_least(0), "n_experts_active": at_least(1), "n_shared_experts": at_least(0),
+    "moe_hidden": at_least(0), "moe_dense_layers": at_least(0),
+    "moe_router": one_of("softmax", "sigmoid"), "moe_balance": one_of("bias", "aux"),
+    "moe_bias_rate": at_least(0), "moe_aux_weight": at_least(0),
 }
 
 # sample.py's: temperature 0 is greedy decoding, top_k 0 keeps every token

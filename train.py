@@ -6,8 +6,8 @@ Pre-train the GPT of model.py on one process, or on many with DDP through torchr
     python train.py config/shakespeare_char.py --overwrite=True       # start again in an out_dir that holds a run
     torchrun --standalone --nproc_per_node=8 train.py config/unified_124m.py
 
-Every module-level name below the imports is a config key: a config file sets some,
-then --key=value overrides (configurator.py); `python train.py --help` lists them.
+Every name in train_defaults.py is a config key: a config file sets some, then --key=value
+overrides (configurator.py); `python train.py --help` lists them.
 Config files are Python, executed by train.py: run only those you trust. The values each key
 allows are one table, configurator.TRAIN_RULES, checked before anything is written.
 """
@@ -29,51 +29,14 @@ import checkpoint
 from configurator import TRAIN_RULES, ConfigError, check_device, configure
 from model import GPT, GPTConfig, default_device, optimizer_step, peak_flops
 from tokens import dataset_dir, load_meta, vocabulary
+from train_defaults import DEFAULTS
 
 # -----------------------------------------------------------------------------
-# I/O
-out_dir = "out"
-eval_interval = 250
-eval_iters = 20            # fixed validation batches: the same ones at every eval and in every run
-log_interval = 10
-init_from = "scratch"      # "scratch" | "resume" (the newest complete checkpoint in out_dir)
-overwrite = False          # scratch into an out_dir that holds a run: True deletes its checkpoints and metrics
-resume_fallback = False    # on resume, skip a corrupt newest checkpoint for the one before it
-keep_checkpoints = 3
-# data
-dataset = "shakespeare_char"   # data/<dataset>/{train,val}.bin from prepare_data.py
-batch_size = 12            # sequences per micro-step and process
-gradient_accumulation_steps = 1   # micro-steps per optimizer step, summed over all processes
-# model: every field of model.GPTConfig is a config key too (block_size, n_layer, sv_hetero, ...)
-globals().update({f.name: f.default for f in fields(GPTConfig) if f.name != "vocab_size"})
-# optimizer
-optimizer = "adamw"        # "adamw" | "muon": Muon for the 2-D hidden matrices, AdamW for the rest
-learning_rate = 6e-4       # AdamW's
-muon_lr = 0.0              # 0: learning_rate (Muon's update is scaled to AdamW's RMS, "match_rms_adamw")
-muon_momentum = 0.95
-max_iters = 5000
-weight_decay = 0.1         # on matrices and embeddings
-sv_weight_decay = "none"   # which scale vectors get weight_decay: a key of model.DECAY_POLICIES
-beta1 = 0.9
-beta2 = 0.95
-grad_clip = 1.0            # 0 disables
-# learning rate: linear warmup, then a schedule that ends at min_lr (as a fraction of each group's lr)
-lr_schedule = "cosine"     # "cosine" | "wsd" (warmup-stable-decay) | "constant"
-warmup_iters = 100
-lr_decay_iters = 0         # 0: max_iters; the schedule's end
-min_lr = 6e-5
-wsd_decay_frac = 0.2       # wsd: the last 20% of lr_decay_iters decay
-wsd_shape = "linear"       # wsd: "linear" | "1-sqrt" (Hagele et al. 2024)
-# system
-device = ""                # "" picks cuda, then mps, then cpu
-dtype = ""                 # "float32" | "bfloat16" (autocast); "" picks bfloat16 on CUDA, float32 elsewhere
-compile = False            # torch.compile the model
-seed = 1337                # fixes the initialization and the order of training batches
-mfu_peak_flops = 0.0       # FLOP/s that MFU divides by; 0: model.GPU_PEAK_FLOPS for a GPU in it, else no MFU is printed
-# -----------------------------------------------------------------------------
-config_keys = [k for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))]
+# config keys: train_defaults.py holds each one with its default and what it means (out_dir,
+# dataset, batch_size, the model's fields, learning_rate, max_iters, seed, ...); a config file
+# sets some, then --key=value overrides; after the checks below, every key is a global here
 try:   # every check that needs no data comes first: nothing is written to out_dir before all pass
-    config = configure({k: globals()[k] for k in config_keys}, sys.argv[1:], TRAIN_RULES)
+    config = configure(DEFAULTS, sys.argv[1:], TRAIN_RULES)
     check_device(config["device"])
     checkpoint.check_out_dir(config["out_dir"], config["init_from"], config["overwrite"])
 except (ConfigError, checkpoint.CheckpointError) as e:

@@ -1,6 +1,7 @@
 """bench.py runs end to end (its figures are reported, never asserted), and bf16 autocast on a CPU
 trains like float32; gpu_check.py's CPU side: its no-CUDA path, its parsing of bench.py, its resume check."""
 import os
+import shutil
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ import gpu_check
 from configurator import ConfigError
 from conftest import ROOT
 from helpers import ENV, records, train
+from train_defaults import DEFAULTS
 
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=2", "--vocab_size=50",
         "--vocab_pad=1", "--device=cpu", "--steps=2", "--warmup=1"]
@@ -59,13 +61,48 @@ def test_bf16_autocast_on_cpu_trains_like_float32(workdir):
 
 
 def test_bench_keys_are_train_config_keys_and_ignored_ones_are_refused():
-    keys = bench_py.train_config_defaults()
-    assert {"learning_rate", "batch_size", "n_layer", "sv_hetero", "optimizer"} <= keys.keys()
-    assert not {"ckpt", "stop_signal", "iter_num", "config_keys"} & keys.keys()   # train.py's other names
+    assert set(DEFAULTS) <= bench_py.defaults.keys()   # any config file of train.py is one of bench.py too
+    assert all(bench_py.defaults[k] == v for k, v in DEFAULTS.items())
     for arg in ["--optimizer=muon", "--gradient_accumulation_steps=4", "--learning_rate=1e-3"]:
         with pytest.raises(ConfigError, match=f"does not use {arg.split('=')[0]}"):
             bench_py.refuse_ignored([arg])
     bench_py.refuse_ignored(["config/baseline_124m.py", "--batch_size=2", "--sv_hetero=True", "--optimizer=adamw"])
+
+
+def test_bench_reads_train_keys_as_values_not_source(tmp_path):
+    """An ordinary nanoGPT-style edit, `max_iters = 5 * 1000`, in the one home of train.py's keys: bench.py
+    imports the module (no script parses another's source), so it reads 5000 and its --help works."""
+    for name in os.listdir(ROOT):
+        if name.endswith(".py"):
+            shutil.copy(os.path.join(ROOT, name), tmp_path / name)
+    home = (tmp_path / "train_defaults.py").read_text()
+    assert "\nmax_iters = 5000\n" in home
+    (tmp_path / "train_defaults.py").write_text(home.replace("\nmax_iters = 5000\n", "\nmax_iters = 5 * 1000\n"))
+    p = subprocess.run([sys.executable, "bench.py", "--help"], cwd=tmp_path, env=ENV, capture_output=True, text=True)
+    assert p.returncode == 0 and "--max_iters=5000  (int)" in p.stdout, p.stderr
+
+
+# ---- issue 20, item 19: every bad input is one sentence, before any model is built ------------------------
+@pytest.mark.parametrize("args,words", [
+    (["--device=cuda"], "no CUDA device"),
+    (["--n_head=3"], "multiple of n_head"),
+    (["--dataset=shakespeare_chr"], "--dataset=shakespeare_chr has no data/shakespeare_chr/meta.json"),
+    (["--compare=n_head=3", "--interleave=True"], "--compare item 'n_head=3': GPTConfig"),
+    (["--compare=config/missing.py"], "--compare item 'config/missing.py': config file not found"),
+    (["--dataset=bad"], "data/bad/meta.json holds no positive integer vocab_size"),
+])
+def test_bench_bad_input_is_one_sentence(args, words, tmp_path, monkeypatch):
+    import torch
+    if "--device=cuda" in args and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data" / "bad").mkdir(parents=True)
+    (tmp_path / "data" / "bad" / "meta.json").write_text('{"vocab_size": "65"}')   # a string, not an int
+    tiny = [a for a in TINY if not a.startswith("--vocab_size=")]
+    with pytest.raises(ConfigError) as e:
+        bench_py.check([*tiny, *args])
+    assert words in str(e.value) and "\n" not in str(e.value), e.value
+    assert bench_py.check([*tiny, "--dataset=none", "--vocab_size=50"])["vocab_size"] == 50   # no data: say the size
 
 
 @pytest.mark.parametrize("arg", ["--steps=0", "--rounds=0", "--warmup=-1", "--batch_size=0", "--arch=gpt3"])

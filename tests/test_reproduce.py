@@ -14,10 +14,17 @@ import time
 
 import pytest
 
+import grids
+import report
 import reproduce
+from checkpoint import read_metrics as read_lines
 from conftest import ROOT
-from plot_metrics import read_metrics
-from reproduce import Variant
+from grids import Variant
+
+
+def read_metrics(run_dir, kind="eval"):
+    path = os.path.join(run_dir, "metrics.jsonl")
+    return [r for r in read_lines(path)[0] if r.get("kind") == kind] if os.path.exists(path) else []
 
 TINY = ("--dataset=tiny --n_layer=2 --n_head=2 --n_embd=32 --block_size=16 --batch_size=4 --vocab_pad=1 "
         "--eval_iters=2 --device=cpu --log_interval=1 --learning_rate=3e-3 --min_lr=3e-4 --eval_interval=4")
@@ -54,7 +61,7 @@ def test_tiny_grid_summary_matches_metrics_failures_rerun_and_restart_trains_not
     head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     with open(runs["base", 1] / "result.json") as f:   # what code made the result: this checkout's commit
         code = json.load(f)["code"]
-    assert code.startswith(head) if head else code is None, code
+    assert code["commit"].startswith(head) and code == reproduce.code_version() if head else code is None, code
     with open(workdir / "res" / "summary.json") as f:
         rows = {r["variant"]: r for r in json.load(f)["rows"]}
     for v in ("base", "hg"):
@@ -100,7 +107,7 @@ def test_other_settings_are_refused_more_seeds_are_not_and_a_subset_summarizes_t
     assert "0 done, 51 to do" in capsys.readouterr().out
     assert reproduce.main(["--max_iters=500", "--dry_run", "--results_dir=elsewhere"]) == 0
     assert "0 done, 51 to do" in capsys.readouterr().out
-    assert reproduce.main(["--variants=moe_unified", "--seeds=7", "--dry_run"]) == 0
+    assert reproduce.main(["--variants=moe_unified", "--seeds=7", "--dry_run", "--mixed_code"]) == 0
     assert "2 variants x 7 seeds = 14 runs, 6 done, 8 to do" in capsys.readouterr().out   # seeds added in place
 
     assert reproduce.main(["--variants=noscale"]) == 0   # nothing to run: summarize
@@ -116,29 +123,29 @@ def test_other_settings_are_refused_more_seeds_are_not_and_a_subset_summarizes_t
 
 
 def test_added_variant_from_the_command_line():
-    grid = reproduce.default_grid()
-    v = reproduce.parse_added("wide:config/unified_char.py:--n_embd=192,--n_head=6", grid)
+    grid = grids.default_grid()
+    v = grids.parse_added("wide:config/unified_char.py:--n_embd=192,--n_head=6", grid)
     assert (v.name, v.config, v.overrides, v.baseline, v.sign) == ("wide", "config/unified_char.py",
                                                                      ["--n_embd=192", "--n_head=6"], "baseline", 0)
-    assert reproduce.parse_added("x:config/unified_char.py::none", grid).baseline is None
-    assert reproduce.parse_added("y:config/unified_char.py:--lr_schedule=wsd:baseline_wsd", grid).baseline == "baseline_wsd"
+    assert grids.parse_added("x:config/unified_char.py::none", grid).baseline is None
+    assert grids.parse_added("y:config/unified_char.py:--lr_schedule=wsd:baseline_wsd", grid).baseline == "baseline_wsd"
     for bad in ["noscale:config/unified_char.py", "z:config/missing.py", "z:config/unified_char.py:n_embd=3", "z",
                 "z:config/unified_char.py::nobody"]:
         with pytest.raises(SystemExit) as e:
-            reproduce.parse_added(bad, grid)
+            grids.parse_added(bad, grid)
         assert str(e.value.code).startswith("error: --add=") and "\n" not in str(e.value.code)
 
 
 def test_cpu_dry_run_estimates_each_run_by_its_own_iterations_and_size(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    base = reproduce.Variant("baseline", "config/baseline_char.py", [], None, "", 0)
+    base = Variant("baseline", "config/baseline_char.py", [], None, "", 0)
     big = base._replace(name="big", overrides=["--n_layer=8", "--n_embd=256", "--n_head=8"])
     one = reproduce.local_estimate(base, 1000, [])
-    assert one == reproduce.OVERHEAD_S + 1000 * reproduce.MS_PER_ITER / 1000   # the default size is the unit
-    assert reproduce.local_estimate(base, 2000, []) - reproduce.OVERHEAD_S == pytest.approx(2 * (one - reproduce.OVERHEAD_S))
+    assert one == grids.OVERHEAD_S + 1000 * grids.MS_PER_ITER / 1000   # the default size is the unit
+    assert reproduce.local_estimate(base, 2000, []) - grids.OVERHEAD_S == pytest.approx(2 * (one - grids.OVERHEAD_S))
     assert reproduce.local_estimate(big, 1000, []) > 4 * one   # 8x the parameters of 4x128 (and longer attention rows)
     assert reproduce.main(["--grid=scaling", "--seeds=1", "--jobs=1", "--dry_run"]) == 0
-    grid = reproduce.scaling_grid()
+    grid = grids.scaling_grid()
     want = sum(reproduce.local_estimate(v, int(reproduce.run_args(v, 1000, [], 1, "x")[0].split("=")[1]), [])
                for v in grid)
     out = capsys.readouterr().out.splitlines()[0]
@@ -179,7 +186,7 @@ NODE_ARGV = ["--grid=pair", "--launcher=torchrun", "--nproc_per_node=2", "--seed
              "--results_dir=node", f"--extra={NODE_TINY}"]
 NODE_GRID = """
 import sys, reproduce
-from reproduce import Variant
+from grids import Variant
 grids = {"pair": [Variant("a", "config/baseline_char.py", [], None, "", 0),
                   Variant("b", "config/baseline_char.py", [], "a", "same as a", -1)]}
 sys.exit(reproduce.main(sys.argv[1:], grids))
@@ -246,18 +253,18 @@ def fake(val, seed=1):
 def test_budget_fit_recovers_a_power_law_and_inverts_it():
     E, A, alpha = 1.5, 0.3, 0.7
     budgets = [0.5, 1, 1.5, 2]
-    fit = reproduce.fit_budget(budgets, [E + A * c ** -alpha for c in budgets])
+    fit = report.fit_budget(budgets, [E + A * c ** -alpha for c in budgets])
     assert abs(fit[0] - E) < 1e-3 and abs(fit[1] - A) < 1e-3 and abs(fit[2] - alpha) < 0.01
-    assert abs(reproduce.budget_needed((E, A, alpha), E + A * 1.3 ** -alpha) - 1.3) < 1e-9
-    assert reproduce.budget_needed((E, A, alpha), E - 0.01) == float("inf")   # below the asymptote
+    assert abs(report.budget_needed((E, A, alpha), E + A * 1.3 ** -alpha) - 1.3) < 1e-9
+    assert report.budget_needed((E, A, alpha), E - 0.01) == float("inf")   # below the asymptote
 
 
 def test_scaling_report_factor_is_the_budget_the_baseline_needs(monkeypatch):
-    monkeypatch.setattr(reproduce, "non_embedding_params", lambda n_layer, n_embd: 12 * n_layer * n_embd ** 2)
+    monkeypatch.setattr(report, "non_embedding_params", lambda n_layer, n_embd: 12 * n_layer * n_embd ** 2)
     law = lambda c, s: 1.5 + 0.3 * c ** -0.7 + 0.001 * s   # the seeds differ by a constant
-    results = {f"baseline_4x128_x{b}": {s: fake(law(float(b), s), s) for s in (1, 2)} for b in reproduce.BUDGETS}
+    results = {f"baseline_4x128_x{b}": {s: fake(law(float(b), s), s) for s in (1, 2)} for b in grids.BUDGETS}
     results["unified_4x128"] = {s: fake(law(1.25, s), s) for s in (1, 2)}   # what the baseline reaches at 1.25x
-    (row,), fits = reproduce.scaling_rows(results)
+    (row,), fits = report.scaling_rows(results)
     assert row["size"] == "4x128" and row["seeds"] == [1, 2] and not row["extrapolated"]
     assert abs(row["factor"] - 1.25) < 0.01 and all(abs(f - 1.25) < 0.01 for f in row["factor_seeds"])
     assert abs(row["gap_mean"] - (law(1.25, 0) - law(1, 0))) < 1e-12 and row["gap_std"] < 1e-12
@@ -266,8 +273,8 @@ def test_scaling_report_factor_is_the_budget_the_baseline_needs(monkeypatch):
 
 def test_tuned_rows_pair_each_familys_best_rate_with_the_baselines_best_rate():
     best = {"baseline": "2e-3", "noscale": "4e-3", "unified": "1e-3", "baseline_muon": "4e-3", "unified_muon": "8e-3"}
-    lrs, results = reproduce.LRS, {}
-    for v in reproduce.lr_grid():
+    lrs, results = grids.LRS, {}
+    for v in grids.lr_grid():
         family, lr = v.name.rsplit("_lr", 1)
         gap = abs(lrs.index(lr) - lrs.index(best[family]))
         if family == "unified" and gap > 1:
@@ -275,7 +282,7 @@ def test_tuned_rows_pair_each_familys_best_rate_with_the_baselines_best_rate():
         results[v.name] = {s: fake(2.0 + 0.05 * gap + 0.01 * s + (family == "noscale") * 0.003 * s, s)
                            for s in ((1, 2, 3) if gap == 0 else (1,))}
     del results["baseline_muon_lr8e-3"]   # baseline_muon's best, 4e-3, then lacks a neighbour
-    rows = {r["family"]: r for r in reproduce.tuned_rows(reproduce.lr_grid(), results)}
+    rows = {r["family"]: r for r in report.tuned_rows(grids.lr_grid(), results)}
     assert {f: r["best_lr"] for f, r in rows.items()} == best
     assert [f for f, r in rows.items() if not r["bracketed"]] == ["baseline_muon"]
     assert rows["noscale"]["baseline"] == "baseline_lr2e-3" and rows["unified_muon"]["baseline"] == "baseline_muon_lr4e-3"
@@ -283,7 +290,7 @@ def test_tuned_rows_pair_each_familys_best_rate_with_the_baselines_best_rate():
     half = 4.303 * 0.003 / 3 ** 0.5   # diffs 0.003, 0.006, 0.009: std 0.003, t(0.975, 2)
     assert rows["noscale"]["ci95"] == pytest.approx([0.006 - half, 0.006 + half], abs=1e-12)
     assert "baseline" not in rows["baseline"]
-    lines, _ = reproduce.lr_report(results)
+    lines, _ = report.lr_report(results)
     assert "--seeds=6 --variants=baseline_lr2e-3,noscale_lr4e-3,unified_lr1e-3,baseline_muon_lr4e-3,unified_muon_lr8e-3" in lines[-1]
     assert "| noscale_lr4e-3 | baseline_lr2e-3 | 3 | +0.0060 ± 0.0030 | [-0.0015, +0.0135] |" in "\n".join(lines)
 
@@ -292,7 +299,7 @@ def test_summary_counts_seeds_agreeing_in_sign_and_a_t_interval():
     grid = [Variant("base", "c.py", [], None, "", 0), Variant("x", "c.py", [], "base", "x lowers the loss", -1)]
     diffs = [-0.02, -0.01, 0.005, -0.03]
     results = {"base": {s: fake(2.0, s) for s in range(1, 5)}, "x": {s: fake(2.0 + d, s) for s, d in enumerate(diffs, 1)}}
-    row = reproduce.summarize(grid, results)[1]
+    row = report.summarize(grid, results)[1]
     assert row["agree"] == 3
     half = 3.182 * statistics.stdev(diffs) / 2   # t(0.975, 3) s / sqrt(4)
     assert abs(row["ci95"][0] - (statistics.mean(diffs) - half)) < 1e-9 and abs(row["ci95"][1] - (statistics.mean(diffs) + half)) < 1e-9
@@ -308,8 +315,8 @@ def test_summary_only_rewrites_the_committed_summary_from_its_results_and_runs_n
     monkeypatch.chdir(tmp_path)
     res = tmp_path / "results" / "default"
     shutil.copytree(os.path.join(ROOT, "results", "default"), res, ignore=shutil.ignore_patterns("*.png", "summary.*"))
-    monkeypatch.setattr(reproduce, "run_one", lambda *a, **k: pytest.fail("--summary_only must run nothing"))
-    monkeypatch.setattr("plot_metrics.plot_grid", lambda *a, **k: None)   # the figures are not what is checked here
+    monkeypatch.setattr(reproduce.Runner, "__call__", lambda *a, **k: pytest.fail("--summary_only must run nothing"))
+    monkeypatch.setattr(reproduce, "plot_grid", lambda *a, **k: None)   # the figures are not what is checked here
     assert reproduce.main(["--summary_only"]) == 0
     with open(res / "summary.json") as f:
         new = {r["variant"]: r for r in json.load(f)["rows"]}
@@ -323,13 +330,266 @@ def test_summary_only_rewrites_the_committed_summary_from_its_results_and_runs_n
 
 def test_param_overheads_count_the_vectors_each_reading_adds(monkeypatch):
     L, d, H = 2, 64, 4
-    monkeypatch.setattr(reproduce, "OVERHEAD_SHAPES", {"tiny": dict(n_layer=L, n_head=H, n_embd=d, vocab_size=100)})
-    row = reproduce.param_overheads()["tiny"]
+    monkeypatch.setattr(report, "OVERHEAD_SHAPES", {"tiny": dict(n_layer=L, n_head=H, n_embd=d, vocab_size=100)})
+    row = report.param_overheads()["tiny"]
     h = 32 * -(-8 * d // 3 // 32)   # SwiGLU's hidden width, 8/3 d rounded up to 32
-    extra = {k: round(row[k] * row["baseline"]) for k in reproduce.OVERHEAD_FLAGS}
+    extra = {k: round(row[k] * row["baseline"]) for k in report.OVERHEAD_FLAGS}
     assert extra["HG"] == L * 3 * d                     # g_q, g_k, g_v and g_gate, g_up for g_attn and g_ffn
     assert extra["DNP, full"] == L * (3 * d + 2 * h)    # g_out over every output of q, k, v, gate, up
     assert extra["DNP, head"] == L * (3 * d // H + 2)   # one head-sized vector per q, k, v; a scalar per gate, up
     assert extra["unified, head"] < extra["unified, full"] and extra["DNP, head"] < extra["HG"]
-    lines = reproduce.overhead_lines(reproduce.param_overheads())
+    lines = report.overhead_lines(report.param_overheads())
     assert lines[-1].startswith("| tiny | ") and f"{row['HG']:.2e}" in lines[-1]
+
+
+# ---- every grid row is what its name says -----------------------------------------------------------------
+# the words of a row's name after its variant (helpers.VARIANTS): what each asks of the resolved config
+MODIFIERS = {"muon": dict(optimizer="muon"), "wsd": dict(lr_schedule="wsd"), "head": dict(sv_dnp_width="head"),
+             "novec": dict(sv_placement="dnp_novec"), "noiwd": dict(sv_weight_decay="none")}
+
+
+def expected_config(name):
+    """The config values a grid row's name promises: its variant's flags (helpers.VARIANTS; gemma_<policy>
+    also its decay policy; moe_ a MoE FFN), then each modifier word, rate (lr), decay (wd) or size."""
+    from helpers import VARIANTS
+    words, want = name.split("_"), {}
+    if words[0] == "moe":
+        words, want["n_experts"] = words[1:], lambda n: n > 0
+    head = words[0]
+    if head == "gemma":
+        head, want["sv_weight_decay"] = "gemma", words[1]
+        words = words[1:]
+    assert head in VARIANTS, f"grid row {name!r}: {head!r} is not a named variant (tests/helpers.py VARIANTS)"
+    want.update(VARIANTS[head])
+    for w in words[1:]:
+        if w in MODIFIERS:
+            want.update(MODIFIERS[w])
+        elif w.startswith("lr"):
+            want["muon_lr" if "muon" in words else "learning_rate"] = float(w[2:])
+        elif w.startswith("wd"):
+            want["weight_decay"] = float(w[2:])
+        elif w in grids.SIZES:
+            n_layer, n_embd, _ = grids.SIZES[w]
+            want.update(n_layer=n_layer, n_embd=n_embd)
+        elif not re.fullmatch(r"x[\d.]+|350m|none|iwd|all", w):
+            raise AssertionError(f"grid row {name!r}: the word {w!r} has no meaning here (add it to MODIFIERS)")
+    return want
+
+
+@pytest.mark.parametrize("grid", sorted(grids.GRIDS))
+def test_every_grid_row_runs_the_config_its_name_says(grid):
+    """A row pointing at the wrong config file (or overrides) would label its results silently wrong."""
+    from model import GPTConfig
+    model_defaults = {f: getattr(GPTConfig, f) for f in ("scale_vectors", "sv_hetero", "sv_placement", "sv_reparam",
+                                                          "qk_norm", "post_norm", "sv_dnp_width")}
+    for v in grids.GRIDS[grid]():
+        cfg = reproduce.train_config(v.config, tuple(v.overrides))
+        want = {**model_defaults, **expected_config(v.name)}
+        wrong = {k: (cfg[k], w) for k, w in want.items() if not (w(cfg[k]) if callable(w) else cfg[k] == w)}
+        assert not wrong, f"grid {grid}, row {v.name} ({v.config} {v.overrides}): (config, name) {wrong}"
+
+
+def test_a_row_with_the_wrong_config_fails_the_check():
+    v = Variant("unified_lr1e-3", "config/baseline_char.py", ["--learning_rate=1e-3"], None, "", 0)
+    cfg = reproduce.train_config(v.config, tuple(v.overrides))
+    assert any(cfg[k] != w for k, w in expected_config(v.name).items())
+
+
+def test_the_overhead_table_reads_unified_as_the_named_variants_have_it():
+    from helpers import VARIANTS
+    assert report.UNIFIED_FLAGS == VARIANTS["unified"]
+
+
+# ---- issue 20: one sentence and nothing written for bad input; nothing outside the folder touched ----------
+ONE = {"g": [Variant("a", "config/baseline_char.py", [], None, "", 0)]}
+
+
+def one_line_error(e):
+    msg = str(e.value.code)
+    assert msg.startswith("error:") and "\n" not in msg, msg
+    return msg
+
+
+def test_an_added_variant_in_the_lr_grid_is_summarized_not_a_crash():
+    """Issue 20.9: --grid=lr --add=mine:... ran, then crashed with a ValueError before any summary."""
+    results = {"baseline_lr1e-3": {1: fake(2.0)}, "unified_lr1e-3": {1: fake(1.9)}, "mine": {1: fake(1.8)}}
+    lines, rep = report.lr_report(results)
+    assert set(rep["sweep"]) == {"baseline", "unified"}
+    grid = [*grids.lr_grid(), Variant("mine", "config/baseline_char.py", [], None, "(added)", 0)]
+    assert [r["n"] for r in report.summarize(grid, results) if r["variant"] == "mine"] == [1]
+
+
+@pytest.mark.parametrize("flag", ["--dry_run", "--summary_only"])
+def test_a_torn_or_empty_result_is_left_out_with_a_note(flag, tmp_path, monkeypatch, capsys):
+    """Issue 20.10: a torn or empty result.json was a JSONDecodeError under --summary_only or --dry_run."""
+    monkeypatch.chdir(tmp_path)
+    for seed, text in ((1, ""), (2, '{"variant": "a", "se')):
+        (tmp_path / "res" / "runs" / "a" / f"seed{seed}").mkdir(parents=True)
+        (tmp_path / "res" / "runs" / "a" / f"seed{seed}" / "result.json").write_text(text)
+    assert reproduce.main(["--grid=g", "--seeds=2", "--results_dir=res", flag], ONE) == 0
+    out = capsys.readouterr().out
+    assert "0 done, 2 to do" in out and out.count("is not a complete result") == 2, out
+
+
+@pytest.mark.parametrize("argv,words", [(["--add=..:config/baseline_char.py"], "NAME must be new to the grid"),
+                                        (["--add=.x:config/baseline_char.py"], "not start with a dot"),
+                                        (["--results_dir=README.md"], "is a file, not a folder"),
+                                        (["--results_dir=README.md/x"], "is a file, not a folder")])
+def test_a_name_outside_runs_or_a_file_as_results_dir_is_one_sentence(argv, words, tmp_path, monkeypatch):
+    """Issue 20.12: --add=..:CONFIG wrote <results>/seed1 outside runs/; --results_dir=README.md was a traceback."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "README.md").write_text("not a folder\n")
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(["--grid=g", "--seeds=1", *argv], ONE)
+    assert words in one_line_error(e)
+    assert sorted(os.listdir(tmp_path)) == ["README.md"]   # nothing written
+
+
+def test_a_results_dir_with_glob_characters_touches_only_itself(tmp_path, monkeypatch, capsys):
+    """Issue 20.2 (reproduce.py's half): --results_dir='res[1]' matched res1 as a pattern, so starting a run
+    deleted res1's checkpoints and its results counted as this folder's."""
+    monkeypatch.chdir(tmp_path)
+    other = tmp_path / "res1" / "runs" / "a" / "seed1"
+    other.mkdir(parents=True)
+    for name in ("ckpt_0000010.pt", "latest", "metrics.jsonl"):
+        (other / name).write_text("another grid's")
+    assert reproduce.checkpoints("res[1]/runs/a/seed1") == [] and len(reproduce.checkpoints(str(other))) == 2
+    monkeypatch.setattr(reproduce.Children, "run", lambda self, cmd, **kw: 1)   # train.py "fails" at once
+    assert reproduce.main(["--grid=g", "--seeds=1", "--results_dir=res[1]"], ONE) == 1
+    assert "FAILED" in capsys.readouterr().out
+    assert sorted(os.listdir(other)) == ["ckpt_0000010.pt", "latest", "metrics.jsonl"]
+    assert (tmp_path / "res[1]" / "runs" / "a" / "seed1" / "run.json").exists()
+
+
+def test_a_second_reproduce_on_one_folder_is_one_sentence(tmp_path, monkeypatch):
+    """Issue 20.11: two invocations on one results folder called each other's runs FAILED and garbled train.log."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(reproduce.Children, "run", lambda self, cmd, **kw: pytest.fail("must not start"))
+    held = reproduce.lock_results("res")
+    try:
+        with pytest.raises(SystemExit) as e:
+            reproduce.main(["--grid=g", "--seeds=1", "--results_dir=res"], ONE)
+        assert f"res is in use by another reproduce.py (pid {os.getpid()})" in one_line_error(e)
+    finally:
+        held.close()
+    assert not (tmp_path / "res" / "runs").exists()
+
+
+def write_result(run_dir, args, code):
+    run_dir.mkdir(parents=True)
+    r = {"variant": "a", "seed": 1, "args": args, "val_loss": 2.0, "curve": [[0, 4.0], [8, 2.0]], "wall_s": 1.0,
+         "sv_means": {}, "code": code}
+    (run_dir / "result.json").write_text(json.dumps(r))
+
+
+def test_a_folder_holds_one_code_version_unless_mixed_code(tmp_path, monkeypatch, capsys):
+    """Issue 19.5: runs of other code are not added to a folder silently; a grid whose code changes while it
+    runs starts no further run."""
+    monkeypatch.chdir(tmp_path)
+    args = reproduce.run_args(ONE["g"][0], 8, [], 1, os.path.join("res", "runs", "a", "seed1"))
+    write_result(tmp_path / "res" / "runs" / "a" / "seed1", args, "f2e3455-dirty")   # an older run's record
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(["--grid=g", "--seeds=2", "--max_iters=8", "--results_dir=res"], ONE)
+    msg = one_line_error(e)
+    assert "holds runs of other code (1 of f2e3455-dirty)" in msg and "--mixed_code" in msg, msg
+
+    calls = []   # the first call is the grid's start; the code is edited after it
+    monkeypatch.setattr(reproduce, "code_version", lambda: calls.append(1) or {"commit": "c" * 40, "diff": None,
+                                                                                "id": "one" if len(calls) == 1 else "two"})
+    monkeypatch.setattr(reproduce.Children, "run", lambda self, cmd, **kw: pytest.fail("must not start"))
+    capsys.readouterr()
+    assert reproduce.main(["--grid=g", "--seeds=2", "--max_iters=8", "--results_dir=res2"], ONE) == 1
+    out = capsys.readouterr().out
+    assert out.count("interrupted (not started: the code changed since this grid started (one -> two)") == 2, out
+
+
+def test_the_code_id_follows_the_python_code_not_the_commit(tmp_path, monkeypatch):
+    """Two commits that differ in prose or results only share an id; a Python edit changes it, and
+    committing the edit does not; an untracked .py file counts as an edit."""
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+    git("init", "-q")
+    (tmp_path / "train.py").write_text("x = 1\n")
+    (tmp_path / "README.md").write_text("a\n")
+    git("add", "."), git("commit", "-qm", "one")
+    monkeypatch.setattr(reproduce, "ROOT", str(tmp_path))
+    first = reproduce.code_version()
+    (tmp_path / "README.md").write_text("b\n")
+    git("commit", "-qam", "prose")
+    prose = reproduce.code_version()
+    assert prose["commit"] != first["commit"] and prose["id"] == first["id"] and prose["diff"] is None
+    (tmp_path / "train.py").write_text("x = 2\n")
+    edited = reproduce.code_version()
+    assert edited["diff"] is not None and edited["id"] != first["id"]
+    git("commit", "-qam", "code")
+    committed = reproduce.code_version()
+    assert committed["diff"] is None and committed["id"] == edited["id"]
+    (tmp_path / "new.py").write_text("y = 1\n")
+    assert reproduce.code_version()["diff"] is not None
+
+
+def test_the_code_version_names_the_commit_and_hashes_uncommitted_edits():
+    code = reproduce.code_version()
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    if not head:
+        pytest.skip("not a git checkout")
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "*.py"], cwd=ROOT, capture_output=True,
+                           text=True).stdout.strip()
+    assert code["commit"] == head and (code["diff"] is None) == (not dirty) and len(code["id"]) == 12
+    assert report.code_id(code) == code["id"] and report.code_id(None) == "unknown"
+
+
+LONG_GRID = """
+import sys, reproduce
+from grids import Variant
+sys.exit(reproduce.main(sys.argv[1:], {"g": [Variant("a", "config/baseline_char.py", [], None, "", 0)]}))
+"""
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow   # reproduce.py and a train.py in subprocesses
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_reproduce_stops_its_train_py_and_the_run_resumes_next_time(sig, workdir, monkeypatch, capsys):
+    """Issue 20.11: `kill <reproduce pid>` left its train.py running as an orphan and the rerun called that run
+    FAILED; SIGINT waited for the whole current run. Now the signal reaches train.py, which saves and exits;
+    the run is "interrupted", and the same command resumes it."""
+    monkeypatch.chdir(workdir)
+    argv = ["--grid=g", "--seeds=1", "--max_iters=1000", "--jobs=1", f"--results_dir=sig{sig.value}",
+            f"--extra={TINY.replace('--eval_interval=4', '--eval_interval=1000')}"]
+    run = workdir / f"sig{sig.value}" / "runs" / "a" / "seed1"
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    p = subprocess.Popen([sys.executable, "-c", LONG_GRID, *argv], cwd=workdir, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    deadline, pids = time.time() + 120, []
+    while time.time() < deadline and not any(r["iter"] >= 20 for r in read_metrics(run, "train")):
+        time.sleep(0.05)
+    pids = descendants(p.pid)
+    assert len(pids) >= 2, "train.py did not start"
+    os.kill(p.pid, sig)
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 128 + sig.value and "interrupted" in out and "FAILED" not in out, out
+    assert not [q for q in pids if alive(q)], "a train.py outlived reproduce.py"
+    stopped_at = max(r["iter"] for r in read_metrics(run, "train"))
+    assert stopped_at < 1000 and (run / "latest").exists() and not (run / "result.json").exists()
+    if sig == signal.SIGTERM:   # the same command, again: the run resumes from its checkpoint
+        assert reproduce.main(argv, {"g": [Variant("a", "config/baseline_char.py", [], None, "", 0)]}) == 0
+        out = capsys.readouterr().out
+        assert "0 done, 1 to do" in out and "resumed" in out, out
+        assert "resuming from" in (run / "train.log").read_text()
+
+
+def test_the_summary_says_which_code_made_the_runs():
+    one = {"id": "abc", "commit": "c" * 40, "diff": None}
+    assert report.code_lines({"a": {1: {"code": one}, 2: {"code": one}}}) == \
+        [f"Code: every run by abc (commit {'c' * 12})."]
+    mixed = report.code_lines({"a": {1: {"code": one}, 2: {}}, "b": {1: {"code": "f2e3455-dirty"}}})
+    assert mixed == [f"Code: the runs mix code versions (--mixed_code): 1 by abc (commit {'c' * 12}); "
+                     "1 by f2e3455-dirty; 1 by unknown."]

@@ -1,0 +1,215 @@
+"""
+The grids reproduce.py runs: named variants (a config file and overrides of train.py), each paired
+with the baseline it is compared to, the paper's claim about the pair and the expected sign of
+(variant - baseline) validation loss. A grid is a function returning its list of Variants; GRIDS
+names them for --grid. Adding a variant to a grid: a Variant(...) line here; its name must say what
+its config is (tests/test_reproduce.py checks every row against the named variants).
+"""
+import os
+import re
+from collections import namedtuple
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+# ---- sizing of the default grid: the one place to change it -------------------------------------
+# config/*_char.py (4 layers x 128, block 64, batch 12) for MAX_ITERS iterations instead of 2000,
+# an evaluation every MAX_ITERS / 10. Measured (CPU time of single-thread runs, 2 at a time on 2
+# cores): 75 ms/iteration for the baseline, 110-135 for Gemma, DNP, unified and Muon, 100 on
+# average over the 17 variants; ~13 s per run for start-up and evaluations. 51 runs x 1000
+# iterations: ~48 min.
+MAX_ITERS = 1000
+MS_PER_ITER, OVERHEAD_S = 100, 13
+
+
+def sizing(max_iters):
+    return [f"--max_iters={max_iters}", f"--lr_decay_iters={max_iters}",
+            f"--eval_interval={max(max_iters // 10, 1)}",
+            f"--warmup_iters={min(100, max_iters // 10)}", "--keep_checkpoints=1"]
+
+
+# ---- grids: (name, config file, overrides, baseline it is paired with, the paper's claim,
+# expected sign of (variant - baseline) val loss: -1 lower, +1 higher, 0 no claim) ---------------
+Variant = namedtuple("Variant", "name config overrides baseline claim sign")
+UNIFIED = ("unified (HG+DNP+OR+IWD) lowers the loss (~0.04, dense and MoE, 0.12B-2B; 1.22-1.25x "
+           "compute)")
+MUON_WSD = "unified still wins under Muon / WSD: a further 0.016-0.019 (0.5B, dense and MoE)"
+NOVEC = "DNP's vector, not only its Norm, lowers the loss: freezing g_out at 1 raises it (3.2)"
+NOIWD = "IWD helps unified: without decay on its Input-Norm vectors the loss is higher (2.2, 4)"
+
+
+def default_grid(size="char"):
+    """The variants of the CPU grid; size="124m" gives the same variants at the paper's 0.12B."""
+    c = lambda name: f"config/{name}_{size}.py"
+    v = [Variant("baseline", c("baseline"), [], None, "", 0),
+         Variant("noscale", c("noscale"), [], "baseline",
+                 "removing scale vectors raises the loss (+0.028 at the same lr, 0.12B; Fig. 1)",
+                 +1),
+         Variant("gemma_none", c("gemma_none"), [], None, "", 0),
+         Variant("gemma_iwd", c("gemma_iwd"), [], "gemma_none",
+                 "IWD beats no decay on scale vectors (Gemma-0.5B, QK-norm + post-norm; 2.2)", -1),
+         Variant("gemma_all", c("gemma_all"), [], "gemma_iwd",
+                 "decaying Output-Norm vectors too is worse than IWD (Gemma-0.5B; 2.2)", +1)]
+    for name, claim in [("hetero", "HG: branch-specific vectors lower the loss (3.1)"),
+                        ("dp", "DP: the loss descends at least as fast (3.2, Thm 3.1)"),
+                        ("dnp", "DNP: dual placement with a norm lowers the loss (3.2)"),
+                        ("or", "OR: magnitude-direction reparameterization lowers the loss (3.3)"),
+                        ("er", "ER: exponential reparameterization lowers the loss (3.3)"),
+                        ("unified", UNIFIED)]:
+        v.append(Variant(name, c(name), [], "baseline", claim, -1))
+    for tag, flag in [("muon", "--optimizer=muon"), ("wsd", "--lr_schedule=wsd")]:
+        v += [Variant(f"baseline_{tag}", c("baseline"), [flag], None, "", 0),
+              Variant(f"unified_{tag}", c("unified"), [flag], f"baseline_{tag}", MUON_WSD, -1)]
+    # Muon and WSD together, the paper's 0.5B setting, each family at its best Muon rate of the lr
+    # grid
+    tuned = {"baseline": ["--muon_lr=4e-3"], "unified": ["--muon_lr=1e-3"]}
+    tuned = tuned if size == "char" else {}
+    muon_wsd = ["--optimizer=muon", "--lr_schedule=wsd"]
+    v += [Variant("baseline_muon_wsd", c("baseline"), muon_wsd + tuned.get("baseline", []), None,
+                  "", 0),
+          Variant("unified_muon_wsd", c("unified"), muon_wsd + tuned.get("unified", []),
+                  "baseline_muon_wsd", MUON_WSD, -1)]
+    # the controls: DNP's Norm without its vector (what the vector adds), unified without IWD
+    v += [Variant("dnp_novec", c("dnp"), ["--sv_placement=dnp_novec"], "dnp", NOVEC, +1),
+          Variant("unified_novec", c("unified"), ["--sv_placement=dnp_novec"], "unified", NOVEC,
+                  +1),
+          Variant("unified_noiwd", c("unified"), ["--sv_weight_decay=none"], "unified", NOIWD,
+                  +1)]
+    if all(os.path.exists(os.path.join(ROOT, c(f"moe_{k}"))) for k in ("baseline", "unified")):
+        v += [Variant("moe_baseline", c("moe_baseline"), [], None, "", 0),
+              Variant("moe_unified", c("moe_unified"), [], "moe_baseline", UNIFIED, -1)]
+    return v
+
+
+def core(grid):
+    return [v for v in grid if v.name in ("baseline", "noscale", "unified")]
+
+
+def node_grid(fn):
+    """Marks a grid as a node grid: its runs go through torchrun, one at a time on all GPUs, sized
+    by --tokens."""
+    fn.node = True
+    return fn
+
+
+SCALE = "the gain of unified holds, or grows, with scale (0.12B to 2B; 4)"
+
+
+@node_grid
+def node_350m():
+    """Both sizes, so a node can check that unified's gain holds at GPT-2 medium's size too."""
+    return [Variant("baseline", "config/baseline_124m.py", [], None, "", 0),
+            Variant("unified", "config/unified_124m.py", [], "baseline", UNIFIED, -1),
+            Variant("baseline_350m", "config/baseline_350m.py", [], None, "", 0),
+            Variant("unified_350m", "config/unified_350m.py", [], "baseline_350m", SCALE, -1)]
+
+
+LRS = ("5e-4", "1e-3", "2e-3", "4e-3", "8e-3")   # factors of 2 around the recipe's 1e-3
+
+
+def lr_grid():
+    """The paper compares against well-tuned baselines: every family at each learning rate, paired
+    with the baseline at the same rate."""
+    v = []
+    for lr in LRS:
+        adamw = [f"--learning_rate={lr}", f"--min_lr={float(lr) / 10:g}"]   # the end: lr / 10
+        muon = ["--optimizer=muon", f"--muon_lr={lr}"]   # AdamW's part keeps 1e-3 -> 1e-4
+        base, base_muon = f"baseline_lr{lr}", f"baseline_muon_lr{lr}"
+        v += [Variant(base, "config/baseline_char.py", adamw, None, "", 0),
+              Variant(f"noscale_lr{lr}", "config/noscale_char.py", adamw, base,
+                      "removing scale vectors raises the loss (+0.028 same lr, +0.015 retuned, "
+                      "0.12B)", +1),
+              Variant(f"unified_lr{lr}", "config/unified_char.py", adamw, base, UNIFIED, -1),
+              Variant(base_muon, "config/baseline_char.py", muon, None, "", 0),
+              Variant(f"unified_muon_lr{lr}", "config/unified_char.py", muon, base_muon, MUON_WSD,
+                      -1)]
+    return v
+
+
+# Compute efficiency and scaling: model sizes (layers x width, head size 32) at a fixed number of
+# tokens per parameter: the 4x128 recipe's 1000 iterations x 768 tokens over its 0.80M
+# non-embedding parameters (0.955 tokens per parameter, 0.77 epochs). The baseline also trains at
+# 0.5x-2x of that budget, each with a complete schedule, so the budget it needs to match unified's
+# loss can be read off a fit.
+SIZES = {"2x64": (2, 64, 133), "3x96": (3, 96, 413), "4x128": (4, 128, 1000),
+         "5x160": (5, 160, 1976)}
+BUDGETS = ("0.5", "1", "1.5", "2")
+
+
+def scaling_grid():
+    v = []
+    for size, (n_layer, n_embd, iters) in SIZES.items():
+        shape = [f"--n_layer={n_layer}", f"--n_embd={n_embd}", f"--n_head={n_embd // 32}"]
+        for b in BUDGETS:
+            v.append(Variant(f"baseline_{size}_x{b}", "config/baseline_char.py",
+                             [f"--max_iters={round(iters * float(b))}", *shape], None, "", 0))
+        own = [f"--max_iters={iters}", *shape]
+        v.append(Variant(f"unified_{size}", "config/unified_char.py", own, f"baseline_{size}_x1",
+                         UNIFIED, -1))
+        if size == "4x128":   # DNP alone, and both with a head-sized g_out, at the recipe's size
+            for name, claim in [("dnp", "DNP: dual placement with a norm lowers the loss (3.2)"),
+                                ("dnp_head", "DNP with a head-sized g_out (sv_dnp_width='head')"),
+                                ("unified_head",
+                                 "unified with a head-sized g_out (sv_dnp_width='head')")]:
+                v.append(Variant(f"{name}_{size}", f"config/{name}_char.py", own,
+                                 f"baseline_{size}_x1", claim, -1))
+    return v
+
+
+# IWD where decay can act: at weight_decay 0.1 a decayed vector shrinks by ~5% in 1000 steps; at
+# 1.0 by ~40% (exp(-sum of lr * wd)). The 0.1 rows are the default grid's (gemma_*, unified,
+# unified_noiwd).
+WDS = ("0.3", "1.0")
+
+
+def wd_grid():
+    v = []
+    for wd in WDS:
+        f = [f"--weight_decay={wd}"]
+        v += [Variant(f"gemma_none_wd{wd}", "config/gemma_none_char.py", f, None, "", 0),
+              Variant(f"gemma_iwd_wd{wd}", "config/gemma_iwd_char.py", f, f"gemma_none_wd{wd}",
+                      "IWD beats no decay on scale vectors (Gemma-0.5B, QK-norm + post-norm; 2.2)",
+                      -1),
+              Variant(f"gemma_all_wd{wd}", "config/gemma_all_char.py", f, f"gemma_iwd_wd{wd}",
+                      "decaying Output-Norm vectors too is worse than IWD (Gemma-0.5B; 2.2)", +1),
+              Variant(f"unified_wd{wd}", "config/unified_char.py", f, None, "", 0),
+              Variant(f"unified_noiwd_wd{wd}", "config/unified_char.py",
+                      f + ["--sv_weight_decay=none"], f"unified_wd{wd}", NOIWD, +1)]
+    return v
+
+
+GRIDS = {"default": default_grid, "core": lambda: core(default_grid()),
+         # the paper's 0.12B table on one node: baseline, noscale, unified; node_full: all
+         "node": node_grid(lambda: core(default_grid("124m"))),
+         "node_full": node_grid(lambda: default_grid("124m")),
+         "node_350m": node_350m, "lr": lr_grid, "scaling": scaling_grid, "wd": wd_grid}
+
+
+def is_node_grid(grids, name):
+    return getattr(grids[name], "node", False)
+
+
+NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")   # a variant's name is its folder under runs/
+
+
+def parse_added(spec, grid):
+    """--add=NAME:CONFIG[:OVERRIDES[:BASELINE]]: a variant from the command line. OVERRIDES are
+    train.py's --key=value, separated by commas or spaces; BASELINE defaults to the grid's
+    `baseline` ("none": unpaired)."""
+    name, config, overrides, baseline = (spec.split(":", 3) + ["", "", ""])[:4]
+    names = {v.name for v in grid}
+    if not NAME.fullmatch(name) or name in names:   # one folder under runs/: no "..", no "/"
+        raise SystemExit(f"error: --add={spec}: NAME must be new to the grid, made of letters, "
+                         f"digits, _ . - and not start with a dot (the grid has {sorted(names)})")
+    if not os.path.isfile(os.path.join(ROOT, config)):
+        raise SystemExit(f"error: --add={spec}: config file {config!r} not found (give a path "
+                         "relative to the repo, e.g. config/unified_char.py)")
+    default = "baseline" if "baseline" in names else None
+    baseline = None if baseline == "none" else baseline or default
+    if baseline and baseline not in names:
+        raise SystemExit(f"error: --add={spec}: baseline {baseline!r} is not in the grid; name "
+                         f"one of {sorted(names)} or none")
+    overrides = [o for o in re.split(r"[,\s]+", overrides) if o]
+    if any(not o.startswith("--") or "=" not in o for o in overrides):
+        raise SystemExit(f"error: --add={spec}: overrides must be train.py's --key=value, "
+                         "separated by commas")
+    return Variant(name, config, overrides, baseline, "(added on the command line)", 0)

@@ -1,0 +1,318 @@
+"""
+The statistics and reports of reproduce.py's grids, from their results ({variant: {seed: result}}):
+the paired table of every grid (summary.md), and the claims as the paper measures them: tuned
+against tuned (the lr grid), compute efficiency and scaling (the scaling grid), the parameter cost
+of each variant. Pure functions of the results, so they are tested on made-up numbers.
+"""
+import os
+
+import numpy as np
+
+from grids import BUDGETS, LRS, SIZES, lr_grid, scaling_grid
+
+
+def meta_gpt(**fields):
+    """A GPT of GPTConfig(**fields) on the meta device: sizes only, no memory, no init."""
+    import torch
+    from model import GPT, GPTConfig   # here: a summary without parameter counts needs no torch
+    with torch.device("meta"):
+        return GPT(GPTConfig(**fields))
+
+
+# ---- the paired table of every grid -------------------------------------------------------------
+def mean_std(xs):
+    xs = np.asarray(xs, dtype=float)
+    return float(xs.mean()) if len(xs) else None, float(xs.std(ddof=1)) if len(xs) > 1 else None
+
+
+# Student's t, 97.5% quantile, for 1..10 degrees of freedom (then ~1.96): 95% intervals of paired
+# differences
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+
+
+def paired_diffs(res, base):
+    """(seeds both have, variant minus baseline val loss seed by seed) of two {seed: result}."""
+    seeds = sorted(set(res) & set(base))
+    return seeds, [res[s]["val_loss"] - base[s]["val_loss"] for s in seeds]
+
+
+def ci95(diffs):
+    """95% t-interval [lo, hi] of the mean of paired differences; None under 2 of them."""
+    mean, std = mean_std(diffs)
+    if std is None:
+        return None
+    half = T975[min(len(diffs) - 1, len(T975)) - 1] * std / np.sqrt(len(diffs))
+    return [float(mean - half), float(mean + half)]
+
+
+def summarize(grid, results):
+    rows = []
+    for v in grid:
+        res = results.get(v.name, {})
+        mean, std = mean_std([r["val_loss"] for r in res.values()])
+        row = {"variant": v.name, "baseline": v.baseline, "n": len(res), "val_loss_mean": mean,
+               "val_loss_std": std, "claim": v.claim, "expected_sign": v.sign,
+               "seeds": sorted(res)}
+        if v.baseline:
+            base = results.get(v.baseline, {})
+            seeds, diffs = paired_diffs(res, base)
+            d_mean, d_std = mean_std(diffs)
+            noise = None if d_std is None else bool(abs(d_mean) <= 2 * d_std / np.sqrt(len(seeds)))
+            matches = None if d_mean is None or not v.sign else bool(np.sign(d_mean) == v.sign)
+            row.update(paired_seeds=seeds, diff_mean=d_mean, diff_std=d_std, ci95=ci95(diffs),
+                       agree=int(sum(np.sign(d) == v.sign for d in diffs)) if v.sign else None,
+                       within_noise=noise, direction_matches=matches)
+        rows.append(row)
+    return rows
+
+
+def pm(m, s, fmt=".4f"):
+    return "—" if m is None else f"{m:{fmt}}" + ("" if s is None else f" ± {s:.4f}")
+
+
+def interval(ci):
+    return "—" if ci is None else "[{:+.4f}, {:+.4f}]".format(*ci)
+
+
+def write_summary(out, rows, header, more=()):
+    word = {True: "yes", False: "no", None: "—"}
+    lines = [*header, "", "| variant | vs | n | val loss (mean ± std) | paired diff (mean ± std) "
+             "| 95% CI | agree | within noise | paper's claim | direction matches |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        diff = ci = agree = noise = ""
+        if r["baseline"]:
+            diff = f"{pm(r['diff_mean'], r['diff_std'], '+.4f')} (n={len(r['paired_seeds'])})"
+            ci = interval(r["ci95"])
+            agree = "—" if r["agree"] is None else f"{r['agree']}/{len(r['paired_seeds'])}"
+            noise = {True: "within noise", False: "beyond noise", None: "—"}[r["within_noise"]]
+        loss = pm(r["val_loss_mean"], r["val_loss_std"])
+        lines.append(f"| {r['variant']} | {r['baseline'] or ''} | {r['n']} | {loss} | {diff} "
+                     f"| {ci} "
+                     f"| {agree} | {noise} | {r['claim']} | {word[r.get('direction_matches')]} |")
+    lines += ["", "Paired diff: variant minus its baseline, seed by seed (a seed fixes the shared "
+              "initialization and the batch order). Within noise: |mean| <= 2 std / sqrt(n), two "
+              "standard errors. 95% CI: mean +- t(0.975, n-1) std / sqrt(n). Agree: seeds whose "
+              "difference has the claimed sign.", *(["", *more] if more else [])]
+    with open(os.path.join(out, "summary.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+# ---- the claims as the paper measures them: tuned comparisons, compute efficiency, scaling ------
+def lr_sweep(results, seeds=(1,)):
+    """{family: {lr: mean val loss over `seeds`}} from the lr grid's names <family>_lr<lr>."""
+    sweep = {}
+    for name, res in results.items():
+        family, sep, lr = name.rpartition("_lr")
+        if sep and lr in LRS and any(s in res for s in seeds):   # not an --add variant
+            losses = [res[s]["val_loss"] for s in seeds if s in res]
+            sweep.setdefault(family, {})[lr] = float(np.mean(losses))
+    return sweep
+
+
+def tuned_rows(grid, results):
+    """Tuned against tuned: each family at the rate that was best in the sweep (seed 1), paired
+    seed by seed with its baseline family at *that* family's best rate. bracketed: both
+    neighbours of the best rate in LRS were measured (or it is at the end of LRS); otherwise the
+    optimum may lie further out."""
+    sweep, rows = lr_sweep(results), {}
+    for family, by in sweep.items():
+        best = min(by, key=by.get)
+        i = LRS.index(best)
+        bracketed = all(LRS[j] in by for j in (i - 1, i + 1) if 0 <= j < len(LRS))
+        rows[family] = {"family": family, "best_lr": best, "variant": f"{family}_lr{best}",
+                        "bracketed": bracketed}
+    by_name = {v.name: v for v in grid}
+    for r in rows.values():
+        v = by_name[r["variant"]]
+        base = rows.get(v.baseline.rsplit("_lr", 1)[0]) if v.baseline else None
+        if base:
+            seeds, diffs = paired_diffs(results[r["variant"]], results[base["variant"]])
+            r.update(baseline=base["variant"], seeds=seeds, claim=v.claim, ci95=ci95(diffs),
+                     **dict(zip(("diff_mean", "diff_std"), mean_std(diffs))))
+    return list(rows.values())
+
+
+def fit_budget(budgets, losses):
+    """L(C) = E + A C^-alpha, the paper's form of a loss-compute scaling law; least squares, alpha
+    on a fine grid (E and A are linear given alpha). Returns (E, A, alpha)."""
+    C, L = np.asarray(budgets, float), np.asarray(losses, float)
+    fits = []
+    for alpha in np.linspace(0.02, 4, 400):
+        X = np.stack([np.ones_like(C), C ** -alpha], 1)
+        coef = np.linalg.lstsq(X, L, rcond=None)[0]
+        if coef[1] > 0:
+            fits.append((((X @ coef - L) ** 2).sum(), coef[0], coef[1], alpha))
+    return min(fits)[1:]
+
+
+def budget_needed(fit, loss):
+    """The budget at which the fitted baseline reaches `loss` (inf below its asymptote E)."""
+    E, A, alpha = fit
+    return float((A / (loss - E)) ** (1 / alpha)) if loss > E else float("inf")
+
+
+def non_embedding_params(n_layer, n_embd):
+    # the char recipe's other sizes (block 64, 65 characters)
+    m = meta_gpt(block_size=64, vocab_size=65, vocab_pad=1, n_layer=n_layer, n_head=n_embd // 32,
+                 n_embd=n_embd)
+    return m.num_params() - m.wte.weight.numel()
+
+
+def scaling_rows(results, tokens_per_iter=768, train_tokens=1_003_854):
+    """Per size: unified's (and DNP's) loss against the baseline at the same budget (paired by
+    seed), and the compute-efficiency factor: the budget the baseline's fitted L(C) needs to reach
+    the variant's loss, over the budget the variant used (1x). The paper: 1.22-1.25x at
+    0.12B-2B."""
+    rows, fits = [], {}
+    for size, (n_layer, n_embd, iters) in SIZES.items():
+        base = {b: results.get(f"baseline_{size}_x{b}", {}) for b in BUDGETS}
+        seeds = sorted(set.intersection(*(set(r) for r in base.values())))
+        if not seeds:
+            continue
+        xs = [float(b) for b in BUDGETS]
+        mean_curve = [float(np.mean([base[b][s]["val_loss"] for s in seeds])) for b in BUDGETS]
+        fits[size] = {"budgets": xs, "iters": iters, "baseline": mean_curve,
+                      "fit": list(fit_budget(xs, mean_curve)), "variants": {}}
+        for name in [v.name for v in scaling_grid() if v.name.endswith(f"_{size}") and v.baseline]:
+            res, paired = results.get(name, {}), [s for s in seeds if s in results.get(name, {})]
+            if not paired:
+                continue
+            curve = lambda s: [base[b][s]["val_loss"] for b in BUDGETS]   # noqa: E731
+            per_seed = [budget_needed(fit_budget(xs, curve(s)), res[s]["val_loss"])
+                        for s in paired]
+            # against the baseline of the same seeds
+            loss = float(np.mean([res[s]["val_loss"] for s in paired]))
+            paired_curve = [np.mean([base[b][s]["val_loss"] for s in paired]) for b in BUDGETS]
+            factor = budget_needed(fit_budget(xs, paired_curve), loss)
+            label = name[: -len(size) - 1]
+            fits[size]["variants"][label] = loss
+            gap = mean_std([res[s]["val_loss"] - base["1"][s]["val_loss"] for s in paired])
+            rows.append({"size": size, "variant": label,
+                         "params": non_embedding_params(n_layer, n_embd),
+                         "iters": iters, "epochs_1x": iters * tokens_per_iter / train_tokens,
+                         "epochs_2x": 2 * iters * tokens_per_iter / train_tokens, "seeds": paired,
+                         "gap_mean": gap[0], "gap_std": gap[1], "factor": factor,
+                         "factor_seeds": per_seed, "extrapolated": not xs[0] <= factor <= xs[-1]})
+    return rows, fits
+
+
+def scaling_lines(rows):
+    f = lambda x: "∞" if x == float("inf") else f"{x:.2f}"   # noqa: E731
+    lines = ["## Compute efficiency and scaling", "",
+             f"Each size trains at {', '.join(BUDGETS)} x its budget (a fixed "
+             f"{768_000 / 803_968:.3f} tokens per non-embedding parameter, a complete schedule "
+             "each); the baseline's loss is fitted as L(C) = E + A C^-alpha over those budgets "
+             "(means over the variant's seeds). Factor: the budget at which the fitted baseline "
+             "reaches the variant's loss, over the 1x budget the variant used (the paper: "
+             "1.22-1.25x). Per-seed factors fit each seed's own curve.", "",
+             "| size | variant | non-emb. params | iters at 1x | epochs at 1x / 2x | seeds "
+             "| loss - baseline (same budget) | compute factor | per seed |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        beyond = " (beyond the fitted range)" if r["extrapolated"] else ""
+        lines.append(f"| {r['size']} | {r['variant']} | {r['params'] / 1e6:.3f}M | {r['iters']} "
+                     f"| {r['epochs_1x']:.2f} / {r['epochs_2x']:.2f} | {len(r['seeds'])} "
+                     f"| {pm(r['gap_mean'], r['gap_std'], '+.4f')} | {f(r['factor'])}x{beyond} | "
+                     f"{', '.join(f(x) for x in r['factor_seeds'])} |")
+    return lines
+
+
+def lr_report(results):
+    sweep, rows = lr_sweep(results), tuned_rows(lr_grid(), results)
+    lines = ["## Learning-rate sweep", "",
+             "Validation loss, seed 1. AdamW families sweep `learning_rate` (the schedule ends at "
+             "a tenth of it); Muon families sweep `muon_lr` (AdamW's part keeps 1e-3). **Bold**: "
+             "the family's best rate. A best rate whose neighbours were not both measured is "
+             "marked: the optimum may lie further out. — : not run (a family whose loss already "
+             "rose at the rate before needs no larger one).", "",
+             "| family | " + " | ".join(LRS) + " | best |", "|---" * (len(LRS) + 2) + "|"]
+    for r in rows:
+        by = sweep[r["family"]]
+        cells = [("**%.4f**" if lr == r["best_lr"] else "%.4f") % by[lr] if lr in by else "—"
+                 for lr in LRS]
+        mark = "" if r["bracketed"] else " (not bracketed)"
+        lines.append(f"| {r['family']} | {' | '.join(cells)} | {r['best_lr']}{mark} |")
+    lines += ["", "### Tuned against tuned", "",
+              "Each family at its best rate against its baseline at the baseline's best rate, "
+              "paired by seed.", "",
+              "| variant | vs | seeds | paired diff (mean ± std) | 95% CI | paper's claim |",
+              "|---|---|---|---|---|---|"]
+    lines += [f"| {r['variant']} | {r['baseline']} | {len(r['seeds'])} "
+              f"| {pm(r['diff_mean'], r['diff_std'], '+.4f')} | {interval(r['ci95'])} "
+              f"| {r['claim']} |" for r in rows if r.get("baseline")]
+    best = ",".join(r["variant"] for r in rows)
+    n = max((len(r.get("seeds", [])) for r in rows), default=0)
+    lines += ["", "More seeds at the best rates: "
+              f"`python reproduce.py --grid=lr --seeds={max(3, n + 3)} --variants={best}`"]
+    return lines, {"sweep": sweep, "tuned": rows}
+
+
+# The extra parameters of HG and of each width of DNP's g_out (sv_dnp_width), as fractions of the
+# baseline's (the paper: "at most 7.85e-5"), at GPT-2 small's shape and two larger ones; counted
+# on the meta device
+OVERHEAD_SHAPES = {"124M (12 x 768)": {},
+                   "0.5B-like (24 x 1280)": dict(n_layer=24, n_head=20, n_embd=1280),
+                   "1B-like (16 x 2048)": dict(n_layer=16, n_head=32, n_embd=2048)}
+UNIFIED_FLAGS = dict(sv_hetero=True, sv_placement="dnp", sv_reparam="or")
+OVERHEAD_FLAGS = {"HG": dict(sv_hetero=True), "DNP, full": dict(sv_placement="dnp"),
+                  "DNP, head": dict(sv_placement="dnp", sv_dnp_width="head"),
+                  "unified, full": UNIFIED_FLAGS,
+                  "unified, head": dict(UNIFIED_FLAGS, sv_dnp_width="head")}
+
+
+def param_overheads():
+    """{shape: {"baseline": parameters, variant: (its parameters - the baseline's) / the
+    baseline's}}."""
+    table = {}
+    for shape, dims in OVERHEAD_SHAPES.items():
+        base = meta_gpt(**dims).num_params()
+        table[shape] = {"baseline": base, **{k: (meta_gpt(**dims, **f).num_params() - base) / base
+                                             for k, f in OVERHEAD_FLAGS.items()}}
+    return table
+
+
+def overhead_lines(table):
+    cells = lambda row: " | ".join(f"{row[k]:.2e}" for k in OVERHEAD_FLAGS)   # noqa: E731
+    return ["", "### Extra parameters: HG and the width of DNP's g_out", "",
+            "Fractions of the baseline's parameters (the paper: \"at most 7.85e-5\"); "
+            "`sv_dnp_width`: \"full\", the map's output width, or \"head\", one head-sized vector "
+            "per q, k, v and a scalar per gate, up (DESIGN.md).", "",
+            "| shape (layers x width) | baseline | " + " | ".join(OVERHEAD_FLAGS) + " |",
+            "|---" * (len(OVERHEAD_FLAGS) + 2) + "|",
+            *[f"| {shape} | {row['baseline'] / 1e6:.0f}M | " + cells(row) + " |"
+              for shape, row in table.items()]]
+
+
+def scaling_report(results):
+    rows, fits = scaling_rows(results)
+    overheads = param_overheads()
+    data = {"rows": rows, "fits": fits, "overheads": overheads}
+    return scaling_lines(rows) + overhead_lines(overheads), data
+
+
+# grids with more to say than the paired table: (markdown lines, data for summary.json and plots)
+REPORTS = {"lr": lr_report, "scaling": scaling_report}
+
+
+# ---- the code each result came from ------------------------------------------------------------
+def code_id(code):
+    """The label two runs of the same code share: the "id" of reproduce.code_version(); an older
+    result's string (git describe) as it is; "unknown" for a result that does not say."""
+    return code.get("id", "unknown") if isinstance(code, dict) else code or "unknown"
+
+
+def code_lines(results):
+    """summary.md's line on the code of the results: one version, or how many runs each made."""
+    runs = {}
+    for res in results.values():
+        for r in res.values():
+            label, c = code_id(r.get("code")), r.get("code")
+            if isinstance(c, dict):
+                edits = f", uncommitted edits {c['diff']}" if c.get("diff") else ""
+                label += f" (commit {str(c.get('commit'))[:12]}{edits})"
+            runs[label] = runs.get(label, 0) + 1
+    if len(runs) <= 1:
+        return [f"Code: every run by {next(iter(runs), 'no run')}."]
+    mix = "; ".join(f"{n} by {k}" for k, n in sorted(runs.items()))
+    return [f"Code: the runs mix code versions (--mixed_code): {mix}."]
