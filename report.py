@@ -5,6 +5,7 @@ against tuned (the lr grid), compute efficiency and scaling (the scaling grid), 
 of each variant. Pure functions of the results, so they are tested on made-up numbers.
 """
 import os
+import re
 
 import numpy as np
 
@@ -45,6 +46,14 @@ def ci95(diffs):
     return [float(mean - half), float(mean + half)]
 
 
+def verdict(ci):
+    """What a 95% interval of a paired difference says: "lower" or "higher" when it excludes 0,
+    "not resolved" when it covers 0, "—" under 2 seeds."""
+    if ci is None:
+        return "—"
+    return "lower" if ci[1] < 0 else "higher" if ci[0] > 0 else "not resolved"
+
+
 def summarize(grid, results):
     rows = []
     for v in grid:
@@ -57,11 +66,10 @@ def summarize(grid, results):
             base = results.get(v.baseline, {})
             seeds, diffs = paired_diffs(res, base)
             d_mean, d_std = mean_std(diffs)
-            noise = None if d_std is None else bool(abs(d_mean) <= 2 * d_std / np.sqrt(len(seeds)))
             matches = None if d_mean is None or not v.sign else bool(np.sign(d_mean) == v.sign)
             row.update(paired_seeds=seeds, diff_mean=d_mean, diff_std=d_std, ci95=ci95(diffs),
                        agree=int(sum(np.sign(d) == v.sign for d in diffs)) if v.sign else None,
-                       within_noise=noise, direction_matches=matches)
+                       verdict=verdict(ci95(diffs)), direction_matches=matches)
         rows.append(row)
     return rows
 
@@ -77,23 +85,23 @@ def interval(ci):
 def write_summary(out, rows, header, more=()):
     word = {True: "yes", False: "no", None: "—"}
     lines = [*header, "", "| variant | vs | n | val loss (mean ± std) | paired diff (mean ± std) "
-             "| 95% CI | agree | within noise | paper's claim | direction matches |",
+             "| 95% CI | agree | verdict (95% CI) | paper's claim | direction matches |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        diff = ci = agree = noise = ""
+        diff = ci = agree = said = ""
         if r["baseline"]:
             diff = f"{pm(r['diff_mean'], r['diff_std'], '+.4f')} (n={len(r['paired_seeds'])})"
             ci = interval(r["ci95"])
             agree = "—" if r["agree"] is None else f"{r['agree']}/{len(r['paired_seeds'])}"
-            noise = {True: "within noise", False: "beyond noise", None: "—"}[r["within_noise"]]
+            said = r["verdict"]
         loss = pm(r["val_loss_mean"], r["val_loss_std"])
         lines.append(f"| {r['variant']} | {r['baseline'] or ''} | {r['n']} | {loss} | {diff} "
                      f"| {ci} "
-                     f"| {agree} | {noise} | {r['claim']} | {word[r.get('direction_matches')]} |")
+                     f"| {agree} | {said} | {r['claim']} | {word[r.get('direction_matches')]} |")
     lines += ["", "Paired diff: variant minus its baseline, seed by seed (a seed fixes the shared "
-              "initialization and the batch order). Within noise: |mean| <= 2 std / sqrt(n), two "
-              "standard errors. 95% CI: mean +- t(0.975, n-1) std / sqrt(n). Agree: seeds whose "
-              "difference has the claimed sign.", *(["", *more] if more else [])]
+              "initialization and the batch order). 95% CI: mean +- t(0.975, n-1) std / sqrt(n); "
+              "the verdict is the interval's: lower or higher when it excludes 0, not resolved when "
+              "it covers 0. Agree: seeds whose difference has the claimed sign.", *(["", *more] if more else [])]
     with open(os.path.join(out, "summary.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -291,8 +299,98 @@ def scaling_report(results):
     return scaling_lines(rows) + overhead_lines(overheads), data
 
 
+# ---- the controls: what DNP's vector adds, and where weight decay acts --------------------------
+# (label, variant, its control, baseline): the variant's gain over the baseline, split at the control
+# that keeps DNP's Norm after the map and fixes g_out at 1 (sv_placement="dnp_novec", DESIGN.md)
+SPLITS = [("DNP", "dnp", "dnp_novec", "baseline"), ("unified", "unified", "unified_novec", "baseline")]
+
+
+def part(diffs):
+    mean, std = mean_std(diffs)
+    return {"mean": mean, "std": std, "ci95": ci95(diffs), "verdict": verdict(ci95(diffs))}
+
+
+def split_rows(results):
+    """Per SPLITS row with results: total = variant - baseline = Norm part (control - baseline)
+    + vector part (variant - control), each seed by seed over the seeds all three have."""
+    rows = []
+    for label, name, control, base in SPLITS:
+        runs = [results.get(n, {}) for n in (name, control, base)]
+        seeds = sorted(set.intersection(*(set(r) for r in runs)))
+        if len(seeds) < 2:
+            continue
+        v, c, b = (np.array([r[s]["val_loss"] for s in seeds]) for r in runs)
+        rows.append({"label": label, "variant": name, "control": control, "baseline": base,
+                     "seeds": seeds, "total": part(list(v - b)), "norm": part(list(c - b)),
+                     "vector": part(list(v - c))})
+    return rows
+
+
+def cell(p):
+    return f"{pm(p['mean'], p['std'], '+.4f')}, {interval(p['ci95'])}, {p['verdict']}"
+
+
+def default_report(results):
+    rows = split_rows(results)
+    if not rows:
+        return [], None
+    lines = ["## DNP's gain, split into its Norm and its vector", "",
+             "The control keeps DNP's Norm after the map and fixes `g_out` at 1 "
+             "(`sv_placement=\"dnp_novec\"`). Seed by seed: Norm part = control - baseline, vector "
+             "part = variant - control; they add up to the total. Each: mean ± std, 95% CI, verdict.",
+             "", "| variant | control | n | total | Norm part | vector part |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['variant']} | {r['control']} | {len(r['seeds'])} | {cell(r['total'])} "
+              f"| {cell(r['norm'])} | {cell(r['vector'])} |" for r in rows]
+    return lines, {"splits": rows}
+
+
+def vector_kind(name):
+    """"output" for a vector with a Norm before it and no linear map after (qk_norm, post_norm,
+    DNP's g_out), "input" for one that folds into a linear map (sv_means' names)."""
+    return "output" if re.search(r"(q_norm|k_norm|attn_post|mlp_post|\.g_out)", name) else "input"
+
+
+def final_g(res):
+    """{"input": .., "output": ..}: the final mean of g over the run's vectors of each kind, averaged
+    over its seeds (None where it has none): how far weight decay pulled them."""
+    by = {"input": [], "output": []}
+    for r in res.values():
+        for name, curve in r.get("sv_means", {}).items():
+            by[vector_kind(name)].append(curve[-1])
+    return {k: float(np.mean(v)) if v else None for k, v in by.items()}
+
+
+def wd_rows(results):
+    from grids import wd_grid
+    rows = []
+    for v in wd_grid():
+        if not v.baseline or v.name not in results or v.baseline not in results:
+            continue
+        seeds, diffs = paired_diffs(results[v.name], results[v.baseline])
+        rows.append({"variant": v.name, "baseline": v.baseline, "claim": v.claim,
+                     "weight_decay": v.name.rpartition("_wd")[2], "seeds": seeds, **part(diffs),
+                     "g": final_g(results[v.name]), "g_baseline": final_g(results[v.baseline])})
+    return rows
+
+
+def wd_report(results):
+    rows = wd_rows(results)
+    g = lambda x: "—" if x is None else f"{x:.3f}"
+    lines = ["## Weight decay where it can act", "",
+             "Final mean of `g` over the Input-Norm vectors (they fold into a linear map; IWD decays "
+             "them) and the Output-Norm ones (qk_norm, post_norm, DNP's `g_out`), variant / vs, "
+             "averaged over seeds. A plain vector starts at 1. The 0.1 rows are the default grid's.",
+             "", "| weight decay | variant | vs | n | diff (mean ± std) | 95% CI | verdict "
+             "| g, Input-Norm | g, Output-Norm |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['weight_decay']} | {r['variant']} | {r['baseline']} | {len(r['seeds'])} "
+              f"| {pm(r['mean'], r['std'], '+.4f')} | {interval(r['ci95'])} | {r['verdict']} "
+              f"| {g(r['g']['input'])} / {g(r['g_baseline']['input'])} "
+              f"| {g(r['g']['output'])} / {g(r['g_baseline']['output'])} |" for r in rows]
+    return lines, {"rows": rows}
+
+
 # grids with more to say than the paired table: (markdown lines, data for summary.json and plots)
-REPORTS = {"lr": lr_report, "scaling": scaling_report}
+REPORTS = {"lr": lr_report, "scaling": scaling_report, "default": default_report, "wd": wd_report}
 
 
 # ---- the code each result came from ------------------------------------------------------------

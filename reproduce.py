@@ -712,6 +712,11 @@ def write_reports(a, g, full, progress, t_start):
     launch = "python train.py" if g.torchrun is None else shlex.join(["torchrun", *g.torchrun,
                                                                       "train.py"])
     schedule = "<schedule for --tokens>" if g.node else shlex.join(sizing(a.max_iters))
+    own = sorted({int(o.split("=")[1]) for v in full for o in v.overrides
+                  if o.startswith("--max_iters=")})
+    if own and not g.node:   # the scaling grid sizes each row itself: say so, not one length
+        schedule = (f"<schedule of --max_iters={a.max_iters}, or of the variant's own "
+                    f"--max_iters: {own[0]} to {own[-1]} in this grid>")
     wall = sum(r["wall_s"] for res in results.values() for r in res.values())
     header = [f"# Reproduction: grid `{a.grid}`", "", f"Last command: `{command}`", "",
               f"Runs: {n_done} complete in {g.out} with these settings (all seeds found), "

@@ -71,7 +71,9 @@ def test_tiny_grid_summary_matches_metrics_failures_rerun_and_restart_trains_not
     diffs = [val["hg", s] - val["base", s] for s in (1, 2)]
     assert abs(rows["hg"]["diff_mean"] - statistics.mean(diffs)) < 1e-12
     assert abs(rows["hg"]["diff_std"] - statistics.stdev(diffs)) < 1e-12
-    assert rows["hg"]["within_noise"] == (abs(statistics.mean(diffs)) <= 2 * statistics.stdev(diffs) / 2 ** 0.5)
+    half = 12.706 * statistics.stdev(diffs) / 2 ** 0.5   # t(0.975, 1 degree of freedom)
+    lo, hi = statistics.mean(diffs) - half, statistics.mean(diffs) + half
+    assert rows["hg"]["verdict"] == ("lower" if hi < 0 else "higher" if lo > 0 else "not resolved")
     assert rows["hg"]["direction_matches"] == (statistics.mean(diffs) < 0)
     md = (workdir / "res" / "summary.md").read_text()
     assert f"{statistics.mean(diffs):+.4f} ± {statistics.stdev(diffs):.4f}" in md and "HG lowers the loss" in md
@@ -303,6 +305,48 @@ def test_summary_counts_seeds_agreeing_in_sign_and_a_t_interval():
     assert row["agree"] == 3
     half = 3.182 * statistics.stdev(diffs) / 2   # t(0.975, 3) s / sqrt(4)
     assert abs(row["ci95"][0] - (statistics.mean(diffs) - half)) < 1e-9 and abs(row["ci95"][1] - (statistics.mean(diffs) + half)) < 1e-9
+
+
+def test_the_verdict_is_the_95_interval_not_two_standard_errors():
+    """ER's row once read "beyond noise" (|mean| > 2 standard errors) while its 95% interval covered 0."""
+    diffs = [-0.0048 + d for d in (-0.006, 0.006, -0.004, 0.004, -0.002, 0.002)]   # mean 2.5 SE from 0
+    ci = report.ci95(diffs)
+    assert abs(statistics.mean(diffs)) > 2 * statistics.stdev(diffs) / 6 ** 0.5 and ci[0] < 0 < ci[1]
+    assert report.verdict(ci) == "not resolved"
+    assert report.verdict([-0.03, -0.01]) == "lower" and report.verdict([0.01, 0.02]) == "higher"
+    assert report.verdict(None) == "—"
+
+
+def test_dnp_gain_splits_seed_by_seed_into_norm_and_vector_parts():
+    """total = Norm part (control - baseline) + vector part (variant - control), over the seeds all
+    three have; a seed missing from one of them is left out of all three."""
+    base, ctrl, dnp = [2.0, 2.1, 2.05], [1.97, 2.06, 2.02], [1.96, 2.04, 2.015]
+    results = {"baseline": {s: fake(x, s) for s, x in enumerate(base, 1)},
+               "dnp_novec": {s: fake(x, s) for s, x in enumerate(ctrl, 1)},
+               "dnp": {**{s: fake(x, s) for s, x in enumerate(dnp, 1)}, 4: fake(1.5, 4)}}
+    lines, data = report.default_report(results)
+    (row,) = data["splits"]
+    assert row["seeds"] == [1, 2, 3]
+    for key, a, b in (("total", dnp, base), ("norm", ctrl, base), ("vector", dnp, ctrl)):
+        d = [x - y for x, y in zip(a, b)]
+        assert abs(row[key]["mean"] - statistics.mean(d)) < 1e-12, key
+        assert row[key]["ci95"] == report.ci95(d), key
+    assert abs(row["total"]["mean"] - row["norm"]["mean"] - row["vector"]["mean"]) < 1e-12
+    assert any(line.startswith("| dnp | dnp_novec | 3 |") for line in lines)
+
+
+def test_the_wd_report_gives_the_final_vectors_of_each_kind_beside_the_losses():
+    def run(loss, seed, g_in, g_out):
+        return {**fake(loss, seed), "sv_means": {"blocks.0.attn.qkv.g_in": [1.0, g_in], "g_final": [1.0, g_in],
+                                                 "blocks.0.attn.q_norm.g": [1.0, g_out]}}
+    results = {"gemma_none_wd1.0": {s: run(2.0, s, 1.0, 1.1) for s in (1, 2)},
+               "gemma_iwd_wd1.0": {1: run(1.99, 1, 0.6, 1.1), 2: run(1.98, 2, 0.5, 1.1)}}
+    lines, data = report.wd_report(results)
+    (row,) = data["rows"]
+    assert (row["variant"], row["baseline"], row["weight_decay"]) == ("gemma_iwd_wd1.0", "gemma_none_wd1.0", "1.0")
+    assert abs(row["mean"] + 0.015) < 1e-12 and row["g"] == {"input": 0.55, "output": 1.1}
+    assert row["g_baseline"] == {"input": 1.0, "output": 1.1}
+    assert any("| 0.550 / 1.000 | 1.100 / 1.100 |" in line for line in lines)
 
 
 def test_the_metrics_reader_skips_a_torn_last_line(tmp_path):
