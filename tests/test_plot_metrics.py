@@ -1,4 +1,4 @@
-"""plot_metrics.time_to_loss: the wall-clock efficiency of a variant from a grid's validation curves."""
+"""plot_metrics.time_to_loss: a variant's wall-clock efficiency from a grid's validation curves."""
 import pytest
 
 from plot_metrics import time_to_loss
@@ -9,8 +9,10 @@ def runs(*curves):
 
 
 def test_time_to_loss_interpolates_the_seed_mean_curves():
-    # seed means: reference 4, 2, 1 (target 1); variant 4, 1.5, 0.8: it reaches 1 at 100 + 100 * 0.5 / 0.7
-    results = {"baseline": runs([[0, 4], [100, 2.5], [200, 1.25]], [[0, 4], [100, 1.5], [200, 0.75]]),
+    # seed means: reference 4, 2, 1 (target 1); variant 4, 1.5, 0.8: it reaches 1 at
+    # 100 + 100 * 0.5 / 0.7
+    results = {"baseline": runs([[0, 4], [100, 2.5], [200, 1.25]],
+                                [[0, 4], [100, 1.5], [200, 0.75]]),
                "unified": runs([[0, 4], [100, 1.5], [200, 0.8]])}
     r = time_to_loss(results, "unified", step_time_ratio=1.25)
     assert r["target_loss"] == 1.0 and r["reference_steps"] == 200
@@ -22,4 +24,5 @@ def test_time_to_loss_interpolates_the_seed_mean_curves():
 def test_time_to_loss_says_so_when_the_variant_never_gets_there():
     results = {"baseline": runs([[0, 4], [100, 1.0]]), "noscale": runs([[0, 4], [100, 1.1]])}
     r = time_to_loss(results, "noscale")
-    assert r["steps"] is None and r["token_efficiency"] is None and r["wallclock_efficiency"] is None
+    assert r["steps"] is None and r["token_efficiency"] is None
+    assert r["wallclock_efficiency"] is None
