@@ -9,12 +9,16 @@ fewer activations for it, or to run fewer full-size passes than autograd's chain
   norm(x)            y = Norm(x) = x * r,  r = 1 / sqrt(mean(x^2) + eps) over the last dimension
                      dx = r * (dy - y * mean(dy * y))
                      Autograd's F.rms_norm backward is a chain of small ops, about twice as slow on a CPU.
-                     The statistic reads x once through vector_norm (float32 accumulation); a bf16
-                     x.pow(2).mean() is many times slower on a CPU.
+                     The statistic reads x once through vector_norm, accumulated and kept in
+                     float32 as in the plain definition (dtype=float32: a bf16 result would round
+                     r to 8 bits, one error for a whole row); a bf16 x.pow(2).mean() is many times
+                     slower on a CPU.
 
   scaled_norm(y, g)  out = g * Norm(y)  (DNP's g_out, paper 3.2), g broadcast over y's leading dims
                      with n = out / g and dn = dout * g:
                      dg = sum(dout * n),  dy = r * (dn - n * mean(dn * n))
+                     with mean(dn * n) = mean(dout * out). Backward: 4 full-size passes, 2
+                     reductions, 2 full-size buffers (n reuses the buffer of dout * out).
                      It keeps only its output, which the next operation keeps anyway (attention keeps v,
                      a view of the same qkv tensor; SwiGLU keeps gate|up), and recovers Norm(y) = out / g
                      in the backward, as In-Place ABN does (Rota Bulo et al., 2018): DNP then adds one
@@ -39,9 +43,12 @@ import torch.nn.functional as F
 
 
 def _rms_inverse(x, eps):
-    """r = 1 / sqrt(mean(x^2) + eps) over the last dimension, shape (..., 1), in float32 (float64 for float64)."""
-    ms = torch.linalg.vector_norm(x, dim=-1, keepdim=True).to(torch.promote_types(x.dtype, torch.float32)).square() / x.size(-1)
-    return torch.rsqrt(ms + eps)
+    """r = 1 / sqrt(mean(x^2) + eps) over the last dimension, shape (..., 1), in float32 (float64
+    for float64). The sum of squares is accumulated and returned in float32 (dtype=): a bf16 result
+    would round the statistic to 8 bits, one error shared by a whole row."""
+    acc = torch.promote_types(x.dtype, torch.float32)
+    ss = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=acc).square()   # (..., 1)
+    return torch.rsqrt(ss / x.size(-1) + eps)
 
 
 def _mean(x):
@@ -78,13 +85,15 @@ class _ScaledNorm(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
-        # written with out instead of n (one full-size pass fewer each): dout * n = (dout * out) / g
+        # with n = out / g:  dg = sum(dout * n),  dy = r * (g * dout - n * mean(dout * out));
+        # 4 full-size passes and 2 reductions, 2 full-size buffers (n reuses dout * out's)
         out, g, r = ctx.saved_tensors
         inv_g = 1 / torch.where(g == 0, 1, g)
         d = dout * out
         dg = (d.sum_to_size(g.shape) * inv_g).to(ctx.g_dtype)
         m = _mean(d)                                                  # mean(dn * n) = mean(dout * out)
-        return torch.mul(dout, g).addcmul_(out, m * inv_g, value=-1).mul_(r), dg, None
+        n = torch.mul(out, inv_g, out=d)
+        return torch.mul(dout, g).addcmul_(n, m, value=-1).mul_(r), dg, None
 
 
 class _SwiGLU(torch.autograd.Function):

@@ -120,6 +120,19 @@ def test_scaled_norm_in_bf16_is_as_accurate_as_autograd_in_bf16():
         assert err_ours < 1e-2 and err_ours < 2 * err_autograd
 
 
+def test_the_rms_statistic_is_float32_for_bf16_inputs():
+    """Under autocast the kernels get bf16 activations; the mean of squares is still accumulated and
+    kept in float32, as in model.py's plain definition (and Llama's RMSNorm): a statistic rounded to
+    bf16 scales a whole row by one rounding error (up to 2^-9). Norm of a bf16 input then equals the
+    plain definition bit for bit."""
+    x = (3 * torch.randn(64, 8, 4, 32, generator=torch.Generator().manual_seed(0))).bfloat16()
+    r = kernels._rms_inverse(x, 1e-6)
+    truth = torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6)
+    assert r.dtype == torch.float32
+    torch.testing.assert_close(r.double(), truth, rtol=1e-6, atol=0)
+    assert torch.equal(kernels.norm(x, 1e-6), model.norm(x, 1e-6, fast=False))
+
+
 def test_scaled_norm_with_a_zero_entry_stays_finite():
     g = torch.ones(2, 16, dtype=torch.float64)
     g[0, 3] = 0.0
