@@ -1,7 +1,7 @@
-"""plot_metrics.time_to_loss: a variant's wall-clock efficiency from a grid's validation curves."""
+"""report.time_to_loss: a variant's wall-clock efficiency from a grid's validation curves."""
 import pytest
 
-from plot_metrics import time_to_loss
+from report import time_to_loss
 
 
 def runs(*curves):
