@@ -23,7 +23,9 @@ Without CUDA and without --device=cpu it says so in one line and exits 0. Exit s
 figures of line 3 give the --tokens_per_s of `reproduce.py --dry_run` (times the number of GPUs, for an estimate).
 """
 import ast
+import contextlib
 import functools
+import io
 import os
 import re
 import shutil
@@ -32,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 
 from checkpoint import read_metrics
 from configurator import ConfigError, check_device, configure, one_of
@@ -108,6 +111,8 @@ def compile_matches_eager(config, device, settings, rtol=1e-3):
     from model import GPT, GPTConfig
     cfg = train_config(config, settings["compile"])
     torch.backends.cuda.matmul.allow_tf32 = False   # both sides in true float32
+    # RoPE's complex product stays an eager op inside the compiled graph: slower, not different (said once per model)
+    warnings.filterwarnings("ignore", "Torchinductor does not support code generation for complex operators")
     torch.manual_seed(0)
     model = GPT(GPTConfig(**{f.name: cfg[f.name] for f in fields(GPTConfig) if f.name != "vocab_size"})).to(device)
     shape = (settings["compile_batch"], cfg["block_size"])
@@ -235,8 +240,10 @@ def check_resume(config, workdir, settings, launcher=None, extra=()):
 
 
 def prepare_shakespeare(workdir):
+    """Tiny Shakespeare in GPT-2 BPE for the resume runs (quietly: its progress lines are not verdicts)."""
     import prepare_data
-    prepare_data.main(["shakespeare", "--out_dir", os.path.join(workdir, "data", "shakespeare")])
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        prepare_data.main(["shakespeare", "--out_dir", os.path.join(workdir, "data", "shakespeare")])
 
 
 def checks(workdir, device="cuda"):

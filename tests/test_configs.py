@@ -1,17 +1,23 @@
 """Every config in config/ builds, as train.py reads it: a model and the optimizers' parameter groups on the meta
 device (no memory, no initialization), with the parameter counts the README states. A new config is covered
-without a test edit (and fails until the README has its row)."""
+without a test edit (and fails until the README has its row). The 124M configs train, compiled, in bf16."""
+import functools
 import glob
+import math
 import os
 import re
+import subprocess
+import sys
 from dataclasses import fields
 
 import pytest
 import torch
 
+import checkpoint
 import gpu_check
 import prepare_data
 from conftest import ROOT
+from helpers import ENV
 from model import GPT, GPTConfig
 
 CONFIGS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "config", "*.py")))
@@ -25,6 +31,7 @@ def vocab_size(dataset):
     return prepare_data.EOT + 1
 
 
+@functools.lru_cache(maxsize=None)
 def readme_sizes():
     """{config file: (parameters, active parameters)} from the README's table of the configs' sizes."""
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
@@ -64,3 +71,33 @@ def test_config_builds_a_model_and_optimizer_of_the_stated_size(name):
     optimized = [p for opt in (adamw, *muon) for group in opt.param_groups for p in group["params"]]
     assert len({id(p) for p in optimized}) == len(optimized) == len(list(model.parameters()))
     assert sum(p.numel() for p in optimized) == model.num_params()
+
+
+@pytest.fixture(scope="module")
+def bpe_workdir(tmp_path_factory):
+    """A folder with data/shakespeare: Tiny Shakespeare in GPT-2 BPE, what the 124M configs' vocabulary reads."""
+    wd = tmp_path_factory.mktemp("bpe")
+    prepare_data.main(["shakespeare", "--out_dir", str(wd / "data" / "shakespeare")])
+    return wd
+
+
+@pytest.mark.slow   # minutes: torch.compile of a 12-layer model on a CPU
+@pytest.mark.parametrize("name", ["unified_124m", "moe_unified_124m"])
+def test_a_124m_config_trains_compiled_in_bf16_on_cpu_and_resumes(name, bpe_workdir):
+    """The config as a node runs it (12 x 768, compile=True, bf16 autocast, its optimizer and schedule), with only
+    the micro-batch, block, iteration counts and dataset made small: 2 steps, a checkpoint, a resume to step 3."""
+    cmd = [sys.executable, os.path.join(ROOT, "train.py"), os.path.join(ROOT, "config", f"{name}.py"),
+           "--dataset=shakespeare", "--batch_size=1", "--block_size=32", "--gradient_accumulation_steps=2",
+           "--eval_interval=2", "--eval_iters=1", "--log_interval=1", "--device=cpu", "--dtype=bfloat16",
+           f"--out_dir={name}"]
+    for steps, init in ((2, "scratch"), (3, "resume")):
+        p = subprocess.run([*cmd, f"--max_iters={steps}", f"--init_from={init}"], cwd=bpe_workdir, env=ENV,
+                           capture_output=True, text=True, timeout=1200)
+        assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    assert "on cpu in bfloat16" in p.stdout and "resuming from" in p.stdout and "at iteration 2" in p.stdout
+    state = torch.load(bpe_workdir / name / "ckpt_0000003.pt", weights_only=True)
+    assert state["config"]["compile"] and state["config"]["n_layer"] == 12 and state["config"]["n_embd"] == 768
+    records, _ = checkpoint.read_metrics(bpe_workdir / name / "metrics.jsonl")
+    train = [r for r in records if r["kind"] == "train"]
+    assert [r["iter"] for r in train] == [1, 2, 3] and all(math.isfinite(r["loss"]) for r in train)
+    assert [r["iter"] for r in records if r["kind"] == "eval"] == [0, 2, 3]
