@@ -86,7 +86,7 @@ def test_gpu_check_resume_check_on_cpu(workdir, monkeypatch):
     assert not (workdir / "baseline_char").exists()   # its checkpoints are removed after
 
 
-@pytest.mark.slow   # ~5 minutes on 2 cores: two compiles, two 124M models, four torchrun runs
+@pytest.mark.slow   # ~6 CPU-minutes: two compiles, two 124M models, four torchrun runs
 def test_gpu_check_rehearsed_on_the_cpu_passes():
     p = subprocess.run([sys.executable, "gpu_check.py", "--device=cpu"], cwd=ROOT,
                        capture_output=True, text=True, timeout=1500)
