@@ -27,9 +27,7 @@ check failed. The figures of line 3 give the --tokens_per_s of `reproduce.py --d
 the number of GPUs, for an estimate).
 """
 import ast
-import contextlib
 import functools
-import io
 import os
 import re
 import shutil
@@ -261,11 +259,12 @@ def check_resume(config, workdir, settings, launcher=None, extra=()):
 
 
 def prepare_shakespeare(workdir):
-    """Tiny Shakespeare in GPT-2 BPE for the resume runs (its progress lines are not verdicts)."""
-    import prepare_data
+    """Tiny Shakespeare in GPT-2 BPE for the resume runs, by prepare_data.py in a subprocess (no
+    script imports another; its progress lines are not verdicts)."""
     out_dir = os.path.join(workdir, "data", "shakespeare")
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        prepare_data.main(["shakespeare", "--out_dir", out_dir])
+    rc, out = run([sys.executable, "prepare_data.py", "shakespeare", "--out_dir", out_dir])
+    if rc != 0:
+        raise SystemExit(f"error: prepare_data.py shakespeare failed: {last_line(out)}")
 
 
 def checks(workdir, device="cuda"):
