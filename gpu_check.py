@@ -1,34 +1,74 @@
 """
-Check a machine with a CUDA GPU in one command (under 5 minutes on one GPU), one verdict per line:
+Check a machine with a CUDA GPU in one command (under 5 minutes on one GPU), a verdict per line:
 
-    python gpu_check.py
+    python gpu_check.py                 # on a machine with a CUDA GPU
+    python gpu_check.py --device=cpu    # the same checks rehearsed on a CPU (CI runs it)
 
-1. cuda tests:  the tests that only run on CUDA (pytest -k cuda: the grouped-GEMM MoE path against the loop in bf16)
-2. compile:     torch.compile(fullgraph=True) of the dense and the MoE model (unified's flags, 2 layers)
-                against eager on CUDA: loss and every gradient, in float32
-3. speed:       tokens/s, MFU and memory of baseline_124m and unified_124m (bf16, compile, one GPU's micro-batch),
-                interleaved step by step in one process (bench.py --interleave), and their ratio
-4. resume:      a 30-step `torchrun --nproc_per_node=1` run of unified_124m on Tiny Shakespeare in GPT-2 BPE, then
+1. cuda tests:  the tests that only run on CUDA (pytest -k cuda: the grouped-GEMM MoE path
+                against the loop in bf16)
+2. compile:     torch.compile(fullgraph=True) of the dense and the MoE model (unified's flags,
+                2 layers) against eager: loss and every gradient, in float32
+3. speed:       tokens/s, MFU and memory of baseline_124m and unified_124m (one GPU's
+                micro-batch, bf16, compile), interleaved step by step in one process
+                (bench.py --interleave), and their ratio
+4. resume:      a 30-step torchrun run of unified_124m on Tiny Shakespeare in GPT-2 BPE, then
                 a run resumed from its step-20 checkpoint: steps 21-30 must repeat bit for bit
 5. resume moe:  the same for moe_unified_124m (grouped GEMM)
 
-Without CUDA it says so in one line and exits 0. Exit status 1 if a check failed. The figures of line 3
-give the --tokens_per_s of `reproduce.py --dry_run` (times the number of GPUs, for an estimate).
+With --device=cpu the same functions run with the CPU's SETTINGS (below), in under 10 minutes
+on 2 cores: compile through inductor's CPU backend (1 layer); speed at micro-batch 1 x 256
+tokens, without MFU (a CPU has no known peak) or memory; each resume under torchrun with 2 gloo
+processes at the 124M models' real width and depth, 6 steps resumed from step 4; the CUDA tests
+run, skip, and are reported as SKIP with pytest's reason. Its figures say nothing about a GPU:
+the point is that the lines a GPU will run have run.
+
+Without CUDA and without --device=cpu it says so in one line and exits 0. Exit status 1 if a
+check failed. The figures of line 3 give the --tokens_per_s of `reproduce.py --dry_run` (times
+the number of GPUs, for an estimate).
 """
-import json
+import ast
+import functools
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import warnings
+
+from checkpoint import read_metrics
+from configurator import ConfigError, check_device, configure, one_of
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-# the resume runs: the 124M models at one GPU's micro-batch, a short schedule, an evaluation every 10 steps
-RESUME_ARGS = ["--dataset=shakespeare", "--batch_size=8", "--gradient_accumulation_steps=1", "--max_iters=30",
-               "--lr_decay_iters=30", "--warmup_iters=5", "--eval_interval=10", "--eval_iters=5", "--log_interval=1",
-               "--keep_checkpoints=5", "--compile=False"]
+
+# What each device runs: the same checks at sizes that fit it. The GPU's are one GPU's
+# micro-batch. The CPU's keep every code path (in the resume runs the 124M models' real width and
+# depth, bf16 autocast as on a GPU, and torchrun with two processes) and shrink the tokens; its
+# speed line runs eager: a 12-layer model compiles for minutes on a CPU, and line 2 compiled both.
+SETTINGS = {
+    "cuda": {
+        "compile": ["--n_layer=2", "--n_embd=256", "--n_head=4", "--block_size=256"],
+        "compile_batch": 4,
+        "speed": ["--dtype=bfloat16", "--compile=True", "--steps=10", "--warmup=3", "--rounds=2"],
+        "resume": ["--batch_size=8", "--gradient_accumulation_steps=1", "--warmup_iters=5",
+                   "--eval_interval=10", "--eval_iters=5", "--keep_checkpoints=5"],
+        "nproc": 1, "iters": 30, "resume_at": 20,
+    },
+    "cpu": {
+        "compile": ["--n_layer=1", "--n_embd=64", "--n_head=2", "--block_size=64"],
+        "compile_batch": 2,
+        "speed": ["--device=cpu", "--batch_size=1", "--block_size=256", "--dtype=bfloat16",
+                  "--compile=False", "--steps=2", "--warmup=1", "--rounds=1"],
+        "resume": ["--device=cpu", "--dtype=bfloat16", "--batch_size=1", "--block_size=64",
+                   "--gradient_accumulation_steps=2", "--warmup_iters=2", "--eval_interval=4",
+                   "--eval_iters=2", "--keep_checkpoints=2"],
+        "nproc": 2, "iters": 6, "resume_at": 4,
+    },
+}
+# every resume run: GPT-2 BPE Tiny Shakespeare, a record per step, eager (compile is line 2's)
+RESUME_ARGS = ["--dataset=shakespeare", "--log_interval=1", "--compile=False"]
 
 
 def run(cmd, cwd=ROOT, timeout=600):
@@ -41,26 +81,51 @@ def last_line(text):
     return (text.strip().splitlines() or ["(no output)"])[-1]
 
 
-# ---- 1. the CUDA-only tests ---------------------------------------------------------------------------
-def check_cuda_tests():
+@functools.lru_cache(maxsize=None)
+def train_defaults():
+    """train.py's config keys and defaults, as `python train.py --help` lists them (run, not
+    imported: no script imports another). To become configurator's table of them."""
+    rc, out = run([sys.executable, "train.py", "--help"])
+    lines = re.finditer(r"^--(\w+)=(.*)  \(\w+\)$", out, re.M)   # --key=repr(default)  (type)
+    keys = {m[1]: ast.literal_eval(m[2]) for m in lines}
+    if rc != 0 or not keys:
+        raise RuntimeError(f"`train.py --help` did not list its keys: {last_line(out)}")
+    return keys
+
+
+def train_config(config, overrides=()):
+    """train.py's config of a config file and overrides, as train.py would see it."""
+    return configure(train_defaults(), [os.path.join(ROOT, config), *overrides])
+
+
+# ---- 1. the CUDA-only tests ------------------------------------------------------------------
+def check_cuda_tests(device):
+    """On a CPU the same pytest line runs: its CUDA tests skip, and the check is a SKIP."""
     rc, out = run([sys.executable, "-m", "pytest", "-q", "-rs", "-k", "cuda", "tests"])
     passed = int((re.findall(r"(\d+) passed", out) or ["0"])[-1])
+    if rc == 0 and device != "cuda":
+        reasons = sorted(set(re.findall(r"^SKIPPED \[\d+\] [^:]+:\d+: (.*)$", out, re.M)))
+        return None, f"needs CUDA ({'; '.join(reasons) or 'none skipped'}); here: {last_line(out)}"
     return rc == 0 and passed > 0, last_line(out)
 
 
-# ---- 2. compile against eager ---------------------------------------------------------------------------
-def compile_matches_eager(config, device="cuda", rtol=1e-3):
-    """(ok, detail): torch.compile(fullgraph=True) of a 2-layer model of `config` against eager, in float32:
-    the relative difference of the loss and of every gradient (as a norm) within rtol."""
+# ---- 2. compile against eager ----------------------------------------------------------------
+def compile_matches_eager(config, device, settings, rtol=1e-3):
+    """(ok, detail): torch.compile(fullgraph=True) of a small model of `config` (the sizes of
+    settings["compile"]) against eager, in float32: the relative difference of the loss and of
+    every gradient (as a norm) within rtol."""
     import torch
     from dataclasses import fields
     from model import GPT, GPTConfig
-    from reproduce import train_config
-    cfg = train_config(config, ("--n_layer=2", "--n_embd=256", "--n_head=4", "--block_size=256"))
+    cfg = train_config(config, settings["compile"])
     torch.backends.cuda.matmul.allow_tf32 = False   # both sides in true float32
+    # RoPE's complex product stays an eager op in the compiled graph: slower, not different
+    warnings.filterwarnings("ignore", "Torchinductor does not support code generation for complex")
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**{f.name: cfg[f.name] for f in fields(GPTConfig) if f.name != "vocab_size"})).to(device)
-    x, y = (torch.randint(0, 50257, (4, 256), device=device) for _ in range(2))
+    model_args = {f.name: cfg[f.name] for f in fields(GPTConfig) if f.name != "vocab_size"}
+    model = GPT(GPTConfig(**model_args)).to(device)
+    shape = (settings["compile_batch"], cfg["block_size"])
+    x, y = (torch.randint(0, 50257, shape, device=device) for _ in range(2))
     losses, grads = [], []
     for m in (model, torch.compile(model, fullgraph=True)):
         model.zero_grad(set_to_none=True)
@@ -68,121 +133,198 @@ def compile_matches_eager(config, device="cuda", rtol=1e-3):
         loss.backward()
         losses.append(loss.item())
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    if grads[0].keys() != grads[1].keys():
+        return False, f"gradients on one side only: {sorted(grads[0].keys() ^ grads[1].keys())}"
     loss_err = abs(losses[0] - losses[1]) / abs(losses[0])
-    grad_err = max(((grads[0][n] - grads[1][n]).norm() / grads[0][n].norm().clamp_min(1e-12)).item() for n in grads[0])
-    return loss_err <= rtol and grad_err <= rtol and grads[0].keys() == grads[1].keys(), \
-        f"loss rel. diff {loss_err:.1e}, worst gradient rel. diff {grad_err:.1e} over {len(grads[0])} tensors (limit {rtol:g})"
+    grad_err, noise = worst_gradient_diff(*grads)
+    return loss_err <= rtol and grad_err <= rtol, (
+        f"loss rel. diff {loss_err:.1e}, worst gradient rel. diff {grad_err:.1e} over "
+        f"{len(grads[0])} tensors ({noise} zero up to rounding; limit {rtol:g})")
 
 
-def check_compile():
-    results = {name: compile_matches_eager(f"config/{name}.py") for name in ("unified_124m", "moe_unified_124m")}
-    return all(ok for ok, _ in results.values()), "; ".join(f"{n}: {d}" for n, (_, d) in results.items())
+def worst_gradient_diff(reference, other, floor=1e-4):
+    """(the worst relative difference, how many are zero up to rounding) of two {name: gradient}.
+    A gradient that is zero in exact arithmetic is rounding noise on both sides (DNP's Norm after
+    W makes the output blind to the magnitude of g_in: OR's beta of a g_in gets ~1e-7), so each
+    difference is taken relative to the gradient's own norm or, where that is smaller, to `floor`
+    times the whole gradient's norm."""
+    import torch
+    least = floor * torch.cat([g.flatten() for g in reference.values()]).norm()
+    worst = max(((g - other[n]).norm() / torch.maximum(g.norm(), least)).item()
+                for n, g in reference.items())
+    return worst, sum(bool(g.norm() < least) for g in reference.values())
 
 
-# ---- 3. speed -----------------------------------------------------------------------------------------------
+def check_compile(device, settings):
+    results = {name: compile_matches_eager(f"config/{name}.py", device, settings)
+               for name in ("unified_124m", "moe_unified_124m")}
+    detail = "; ".join(f"{name}: {d}" for name, (_, d) in results.items())
+    return all(ok for ok, _ in results.values()), detail
+
+
+# ---- 3. speed --------------------------------------------------------------------------------
 def parse_table(text):
     """bench.py's markdown table: {config: {column: cell}}."""
-    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in text.splitlines() if line.startswith("| ")]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")]
+            for line in text.splitlines() if line.startswith("| ")]
     if len(rows) < 2:
         return {}
     return {r[0]: dict(zip(rows[0], r)) for r in rows[1:] if not set(r[0]) <= {"-"}}
 
 
-def check_speed():
-    rc, out = run([sys.executable, "bench.py", "config/baseline_124m.py", "--compare=config/unified_124m.py",
-                   "--interleave=True", "--dtype=bfloat16", "--compile=True", "--steps=10", "--warmup=3", "--rounds=2"])
+def speed_figures(row):
+    """A row of bench.py's table in words; MFU and memory only where it has them (on CUDA)."""
+    words = [f"{row['tokens/s']} tok/s"]
+    words += [f"MFU {row['MFU']}"] if row["MFU"] != "—" else []
+    words += [f"step memory {row['step mem (MB)']} MB"] if row["step mem (MB)"] != "—" else []
+    return ", ".join(words)
+
+
+def check_speed(settings):
+    rc, out = run([sys.executable, "bench.py", "config/baseline_124m.py",
+                   "--compare=config/unified_124m.py", "--interleave=True", *settings["speed"]])
     table = parse_table(out)
     if rc != 0 or len(table) != 2:
         return False, f"bench.py failed: {last_line(out)}"
     base, uni = table["base"], table["config/unified_124m.py"]
-    return True, (f"baseline {base['tokens/s']} tok/s, MFU {base['MFU']}, step memory {base['step mem (MB)']} MB; "
-                  f"unified {uni['tokens/s']} tok/s, MFU {uni['MFU']}, step memory {uni['step mem (MB)']} MB; "
+    return True, (f"baseline {speed_figures(base)}; unified {speed_figures(uni)}; "
                   f"unified/baseline time per step {uni['x base']}")
 
 
-# ---- 4-5. a short run, then a resume that must repeat it bit for bit ----------------------------------------
+# ---- 4-5. a short run, then a resume that must repeat it bit for bit -------------------------
 def resume_from(src, dst, at_iter):
-    """dst: an out_dir holding src's checkpoint of iteration at_iter (and its metrics), as a run killed right after it."""
+    """dst: an out_dir holding src's checkpoint of iteration at_iter (and its metrics), as a run
+    killed right after it."""
     os.makedirs(dst, exist_ok=True)
     name = f"ckpt_{at_iter:07d}.pt"
     shutil.copy(os.path.join(src, name), os.path.join(dst, name))
-    shutil.copy(os.path.join(src, "metrics.jsonl"), os.path.join(dst, "metrics.jsonl"))   # train.py cuts what follows
+    # the metrics in full: train.py cuts what follows the checkpoint
+    shutil.copy(os.path.join(src, "metrics.jsonl"), os.path.join(dst, "metrics.jsonl"))
     with open(os.path.join(dst, "latest"), "w") as f:
         f.write(name)
 
 
+def records_of(run_dir):
+    """{kind: [records]} of a run's metrics.jsonl, for kinds "train" and "eval"."""
+    lines = read_metrics(os.path.join(run_dir, "metrics.jsonl"))[0]
+    return {kind: [r for r in lines if isinstance(r, dict) and r.get("kind") == kind]
+            for kind in ("train", "eval")}
+
+
 def compare_after(reference, resumed, after):
-    """(ok, detail): the records (read_metrics of each kind) past iteration `after` must be equal, bit for bit."""
+    """(ok, detail): the records (records_of each run) past iteration `after` must be equal, bit
+    for bit."""
     keys = {"train": ("loss", "lr", "grad_norm"), "eval": ("train_loss", "val_loss")}
     worst, n = 0.0, 0
     for kind, names in keys.items():
         a = {r["iter"]: r for r in reference[kind] if r["iter"] > after}
         b = {r["iter"]: r for r in resumed[kind] if r["iter"] > after}
         if sorted(a) != sorted(b) or not a:
-            return False, f"{kind} records past iteration {after}: reference has {sorted(a)}, resumed run has {sorted(b)}"
+            return False, (f"{kind} records past iteration {after}: reference has {sorted(a)}, "
+                           f"resumed run has {sorted(b)}")
         for it in a:
             for k in names:
                 worst, n = max(worst, abs(a[it][k] - b[it][k])), n + 1
-    return worst == 0.0, f"{n} values past iteration {after}: " + ("bit-exact" if worst == 0 else f"differ, max |diff| {worst:.3e}")
+    same = "bit-exact" if worst == 0 else f"differ, max |diff| {worst:.3e}"
+    return worst == 0.0, f"{n} values past iteration {after}: {same}"
 
 
-def check_resume(config, workdir, launcher=None, extra=()):
-    """A 30-step run of config, then a resume from its step-20 checkpoint (launcher: torchrun on one GPU)."""
-    from plot_metrics import read_metrics
-    launcher = launcher or [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"]
+def check_resume(config, workdir, settings, launcher=None, extra=()):
+    """A run of settings["iters"] steps of config, then a resume from its checkpoint of step
+    settings["resume_at"] (launcher: torchrun with settings["nproc"] processes). The runs' folders
+    are removed after: a 124M checkpoint with its optimizer state is 1.5-2 GB."""
+    launcher = launcher or [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                            f"--nproc_per_node={settings['nproc']}"]
+    iters, at = settings["iters"], settings["resume_at"]
     name = os.path.basename(config).removesuffix(".py")
     ref, res = os.path.join(workdir, name, "reference"), os.path.join(workdir, name, "resumed")
-    cmd = [*launcher, os.path.join(ROOT, "train.py"), os.path.join(ROOT, config), *RESUME_ARGS, *extra]
+    cmd = [*launcher, os.path.join(ROOT, "train.py"), os.path.join(ROOT, config), *RESUME_ARGS,
+           *settings["resume"], f"--max_iters={iters}", f"--lr_decay_iters={iters}", *extra]
     t0 = time.time()
-    rc, out = run([*cmd, f"--out_dir={ref}"], cwd=workdir)
-    if rc != 0:
-        return False, f"the 30-step run failed: {last_line(out)}"
-    resume_from(ref, res, 20)
-    rc, out = run([*cmd, f"--out_dir={res}", "--init_from=resume"], cwd=workdir)
-    if rc != 0:
-        return False, f"the resumed run failed: {last_line(out)}"
-    records = [{k: read_metrics(d, k) for k in ("train", "eval")} for d in (ref, res)]
-    ok, detail = compare_after(*records, after=20)
-    speed = [r["tokens_per_s"] for r in records[0]["train"][5:]]
-    return ok, f"{detail}; final val loss {records[0]['eval'][-1]['val_loss']:.4f}; " \
-               f"{sum(speed) / max(len(speed), 1):,.0f} tok/s eager; {time.time() - t0:.0f} s"
+    try:
+        rc, out = run([*cmd, f"--out_dir={ref}"], cwd=workdir)
+        if rc != 0:
+            return False, f"the {iters}-step run failed: {last_line(out)}"
+        resume_from(ref, res, at)
+        rc, out = run([*cmd, f"--out_dir={res}", "--init_from=resume"], cwd=workdir)
+        if rc != 0:
+            return False, f"the resumed run failed: {last_line(out)}"
+        records = [records_of(d) for d in (ref, res)]
+    finally:
+        shutil.rmtree(os.path.join(workdir, name), ignore_errors=True)
+    ok, detail = compare_after(*records, after=at)
+    speed = statistics.median(r["tokens_per_s"] for r in records[0]["train"])
+    return ok, (f"{detail}; final val loss {records[0]['eval'][-1]['val_loss']:.4f}; "
+                f"{speed:,.0f} tok/s eager (median); {time.time() - t0:.0f} s")
 
 
 def prepare_shakespeare(workdir):
-    import prepare_data
-    prepare_data.main(["shakespeare", "--out_dir", os.path.join(workdir, "data", "shakespeare")])
+    """Tiny Shakespeare in GPT-2 BPE for the resume runs, by prepare_data.py in a subprocess (no
+    script imports another; its progress lines are not verdicts)."""
+    out_dir = os.path.join(workdir, "data", "shakespeare")
+    rc, out = run([sys.executable, "prepare_data.py", "shakespeare", "--out_dir", out_dir])
+    if rc != 0:
+        raise SystemExit(f"error: prepare_data.py shakespeare failed: {last_line(out)}")
 
 
-def checks(workdir):
-    """(name, function) of every check, in order."""
-    return [("cuda tests", check_cuda_tests),
-            ("compile", check_compile),
-            ("speed", check_speed),
-            ("resume unified_124m", lambda: check_resume("config/unified_124m.py", workdir)),
-            ("resume moe_unified_124m", lambda: check_resume("config/moe_unified_124m.py", workdir))]
+def checks(workdir, device="cuda"):
+    """(name, function) of every check, in order; a function returns (ok, detail), ok True,
+    False, or None for a check skipped."""
+    settings = SETTINGS[device]
+
+    def resume(name):
+        return lambda: check_resume(f"config/{name}.py", workdir, settings)
+
+    return [("cuda tests", lambda: check_cuda_tests(device)),
+            ("compile", lambda: check_compile(device, settings)),
+            ("speed", lambda: check_speed(settings)),
+            ("resume unified_124m", resume("unified_124m")),
+            ("resume moe_unified_124m", resume("moe_unified_124m"))]
 
 
-def main():
+def first_line(device):
     import torch
-    if not torch.cuda.is_available():
-        print(f"gpu_check: no CUDA device here (torch {torch.__version__}): nothing to check; run it on a machine with a GPU")
-        return 0
-    print(f"gpu_check on {torch.cuda.get_device_name()} ({torch.cuda.device_count()} GPUs), torch {torch.__version__}, "
-          f"CUDA {torch.version.cuda}", flush=True)
-    t_start, failed = time.time(), 0
+    if device == "cuda":
+        return (f"gpu_check on {torch.cuda.get_device_name()} ({torch.cuda.device_count()} GPUs), "
+                f"torch {torch.__version__}, CUDA {torch.version.cuda}")
+    return (f"gpu_check rehearsed on cpu ({os.cpu_count()} cores), torch {torch.__version__}, "
+            f"CUDA {torch.version.cuda or 'none'}: reduced sizes; its figures say nothing of a GPU")
+
+
+def run_checks(device):
+    """Every check in order, one line each; returns the number that failed."""
+    t_start, verdicts = time.time(), []
     with tempfile.TemporaryDirectory() as workdir:
         prepare_shakespeare(workdir)
-        for name, check in checks(workdir):
+        for name, check in checks(workdir, device):
             t0 = time.time()
             try:
                 ok, detail = check()
             except Exception as e:   # a check that crashes is a failed check; the others still run
                 ok, detail = False, f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
-            failed += not ok
-            print(f"{'PASS' if ok else 'FAIL'}  {name} ({time.time() - t0:.0f} s): {detail}", flush=True)
-    print(f"gpu_check: {len(checks(''))- failed} of {len(checks(''))} checks passed in {(time.time() - t_start) / 60:.1f} min")
-    return 1 if failed else 0
+            verdicts.append({True: "PASS", False: "FAIL", None: "SKIP"}[ok])
+            print(f"{verdicts[-1]}  {name} ({time.time() - t0:.0f} s): {detail}", flush=True)
+    count = {v: verdicts.count(v) for v in ("PASS", "SKIP", "FAIL")}
+    print(f"gpu_check: {count['PASS']} of {len(verdicts)} checks passed, {count['SKIP']} skipped, "
+          f"{count['FAIL']} failed, in {(time.time() - t_start) / 60:.1f} min")
+    return count["FAIL"]
+
+
+def main(argv):
+    import torch
+    try:
+        device = configure({"device": ""}, argv, {"device": one_of("", "cpu", "cuda")})["device"]
+        check_device(device)
+    except ConfigError as e:
+        return f"error: {e}"
+    if device == "" and not torch.cuda.is_available():
+        print(f"gpu_check: no CUDA device here (torch {torch.__version__}): nothing to check; "
+              "run it on a machine with a GPU, or rehearse it with --device=cpu")
+        return 0
+    device = device or "cuda"
+    print(first_line(device), flush=True)
+    return 1 if run_checks(device) else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -1,5 +1,5 @@
 """bench.py runs end to end (its figures are reported, never asserted), and bf16 autocast on a CPU
-trains like float32; gpu_check.py's CPU side: its no-CUDA path, its parsing of bench.py, its resume check."""
+trains like float32; gpu_check.py's parsing of bench.py's table (the rest of gpu_check: test_gpu_check.py)."""
 import os
 import shutil
 import subprocess
@@ -111,45 +111,3 @@ def test_bench_values_out_of_range_are_refused(arg):
     with pytest.raises(ConfigError, match=f"^{key}=.* is out of range"):
         bench_py.configure(bench_py.defaults, [arg], bench_py.BENCH_RULES)
     assert bench_py.configure(bench_py.defaults, [], bench_py.BENCH_RULES) == bench_py.defaults
-
-
-@pytest.mark.slow   # a subprocess
-def test_gpu_check_without_cuda_says_so_in_one_line():
-    if gpu_check_has_cuda():
-        pytest.skip("this machine has CUDA: the check itself runs here")
-    p = subprocess.run([sys.executable, "gpu_check.py"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0 and p.stderr == "" and p.stdout.count("\n") == 1 and "no CUDA device" in p.stdout
-
-
-def gpu_check_has_cuda():
-    import torch
-    return torch.cuda.is_available()
-
-
-def test_gpu_check_lists_its_checks():
-    assert [name for name, _ in gpu_check.checks("w")] == ["cuda tests", "compile", "speed", "resume unified_124m",
-                                                           "resume moe_unified_124m"]
-
-
-def test_gpu_check_compare_after_is_bit_exact_or_fails():
-    def recs(losses, val):
-        return {"train": [{"iter": i, "loss": x, "lr": 1e-3, "grad_norm": 1.0} for i, x in enumerate(losses, 1)],
-                "eval": [{"iter": len(losses), "train_loss": val, "val_loss": val}]}
-    ref = recs([4.0, 3.5, 3.25, 3.125], 3.0)
-    ok, detail = gpu_check.compare_after(ref, recs([9.0, 9.0, 3.25, 3.125], 3.0), after=2)   # only past 2 counts
-    assert ok and "bit-exact" in detail
-    ok, detail = gpu_check.compare_after(ref, recs([4.0, 3.5, 3.25, 3.125 + 2**-40], 3.0), after=2)
-    assert not ok and "differ" in detail
-    ok, detail = gpu_check.compare_after(ref, recs([4.0, 3.5, 3.25], 3.0), after=2)   # a step missing
-    assert not ok and "records" in detail
-
-
-@pytest.mark.slow
-def test_gpu_check_resume_check_on_cpu(workdir, monkeypatch):
-    """The resume check's own logic (a run, its step-20 checkpoint copied, a resumed run, the comparison), on a
-    tiny model in one CPU process."""
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")   # a tiny model: more threads only wait on each other
-    tiny = ["--dataset=tiny", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=4",
-            "--vocab_pad=1", "--eval_iters=2", "--device=cpu"]
-    ok, detail = gpu_check.check_resume("config/baseline_char.py", str(workdir), [sys.executable], tiny)
-    assert ok and "bit-exact" in detail, detail

@@ -1,0 +1,101 @@
+"""gpu_check.py: its helpers, its command line, its resume check on a tiny model, and the whole of
+it rehearsed on the CPU (`gpu_check.py --device=cpu`: every check but the CUDA tests)."""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import gpu_check
+from conftest import ROOT
+
+CHECKS = ["cuda tests", "compile", "speed", "resume unified_124m", "resume moe_unified_124m"]
+
+
+def test_gpu_check_lists_its_checks_for_every_device():
+    for device in gpu_check.SETTINGS:
+        assert [name for name, _ in gpu_check.checks("w", device)] == CHECKS
+    cuda, cpu = gpu_check.SETTINGS["cuda"], gpu_check.SETTINGS["cpu"]
+    assert cuda.keys() == cpu.keys()
+    assert cpu["nproc"] == 2 and 0 < cpu["resume_at"] < cpu["iters"]   # two gloo processes
+
+
+def test_gpu_check_compare_after_is_bit_exact_or_fails():
+    def recs(losses, val):
+        train = [{"iter": i, "loss": x, "lr": 1e-3, "grad_norm": 1.0}
+                 for i, x in enumerate(losses, 1)]
+        return {"train": train, "eval": [{"iter": len(losses), "train_loss": val, "val_loss": val}]}
+    ref = recs([4.0, 3.5, 3.25, 3.125], 3.0)
+    ok, detail = gpu_check.compare_after(ref, recs([9.0, 9.0, 3.25, 3.125], 3.0), after=2)
+    assert ok and "bit-exact" in detail   # only what follows iteration 2 counts
+    ok, detail = gpu_check.compare_after(ref, recs([4.0, 3.5, 3.25, 3.125 + 2**-40], 3.0), after=2)
+    assert not ok and "differ" in detail
+    ok, detail = gpu_check.compare_after(ref, recs([4.0, 3.5, 3.25], 3.0), after=2)   # one missing
+    assert not ok and "records" in detail
+
+
+def test_a_gradient_zero_up_to_rounding_is_compared_against_the_whole_gradient():
+    g = torch.Generator().manual_seed(0)
+    ref = {"w": torch.randn(100, generator=g), "beta": torch.tensor([3e-7])}
+    noisy = {"w": ref["w"] * (1 + 1e-6), "beta": torch.tensor([2e-7])}   # beta: 33% off, noise
+    worst, zero = gpu_check.worst_gradient_diff(ref, noisy)
+    assert worst < 1e-3 and zero == 1
+    wrong = {"w": ref["w"] * (1 + 1e-6), "beta": torch.tensor([1e-2])}   # a gradient out of nothing
+    assert gpu_check.worst_gradient_diff(ref, wrong)[0] > 1e-3
+    off = {"w": ref["w"] * 1.01, "beta": ref["beta"]}                    # 1% off a real gradient
+    assert gpu_check.worst_gradient_diff(ref, off)[0] == pytest.approx(1e-2, rel=1e-3)
+
+
+def test_speed_figures_leave_out_what_bench_does_not_measure():
+    cpu = {"tokens/s": "17", "MFU": "—", "step mem (MB)": "—"}
+    assert gpu_check.speed_figures(cpu) == "17 tok/s"
+    gpu = {"tokens/s": "170,000", "MFU": "41.0%", "step mem (MB)": "9,000"}
+    assert gpu_check.speed_figures(gpu) == "170,000 tok/s, MFU 41.0%, step memory 9,000 MB"
+
+
+@pytest.mark.parametrize("argv, message", [(["--device=cuda"], "no CUDA device torch can use"),
+                                           (["--device=mps"], "device='mps' is out of range"),
+                                           (["--devcie=cpu"], "did you mean 'device'")])
+def test_a_bad_command_line_is_one_sentence(argv, message):
+    if argv == ["--device=cuda"] and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    error = gpu_check.main(argv)
+    assert error.startswith("error: ") and message in error and "\n" not in error
+
+
+@pytest.mark.slow   # a subprocess
+def test_gpu_check_without_cuda_says_so_in_one_line():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the check itself runs here")
+    p = subprocess.run([sys.executable, "gpu_check.py"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0 and p.stderr == "" and p.stdout.count("\n") == 1
+    assert "no CUDA device" in p.stdout and "--device=cpu" in p.stdout
+
+
+@pytest.mark.slow
+def test_gpu_check_resume_check_on_cpu(workdir, monkeypatch):
+    """The resume check's own logic (a run, its checkpoint copied, a resumed run, the comparison),
+    with the CPU's schedule, on a tiny model in one process."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")   # a tiny model: more threads only wait
+    tiny = ["--dataset=tiny", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16",
+            "--batch_size=4", "--gradient_accumulation_steps=1", "--vocab_pad=1", "--eval_iters=2"]
+    ok, detail = gpu_check.check_resume("config/baseline_char.py", str(workdir),
+                                        gpu_check.SETTINGS["cpu"], [sys.executable], tiny)
+    assert ok and "bit-exact" in detail, detail
+    assert not (workdir / "baseline_char").exists()   # its checkpoints are removed after
+
+
+@pytest.mark.slow   # ~6 CPU-minutes: two compiles, two 124M models, four torchrun runs
+def test_gpu_check_rehearsed_on_the_cpu_passes():
+    p = subprocess.run([sys.executable, "gpu_check.py", "--device=cpu"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=1500)
+    print(p.stdout)   # the lines a GPU will print, in CI's log
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("gpu_check rehearsed on cpu")
+    assert f"torch {torch.__version__}" in lines[0]
+    verdicts = [line.split(" (")[0].split("  ") for line in lines[1:-1]]
+    assert verdicts == [["SKIP", "cuda tests"]] + [["PASS", name] for name in CHECKS[1:]], p.stdout
+    assert "MFU" not in lines[3] and "bit-exact" in lines[4] and "bit-exact" in lines[5]
+    assert lines[-1].startswith("gpu_check: 4 of 5 checks passed, 1 skipped, 0 failed")
