@@ -26,7 +26,6 @@ Without CUDA and without --device=cpu it says so in one line and exits 0. Exit s
 check failed. The figures of line 3 give the --tokens_per_s of `reproduce.py --dry_run` (times
 the number of GPUs, for an estimate).
 """
-import ast
 import functools
 import os
 import re
@@ -40,6 +39,7 @@ import warnings
 
 from checkpoint import read_metrics
 from configurator import ConfigError, check_device, configure, one_of
+from train_defaults import DEFAULTS
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -82,20 +82,9 @@ def last_line(text):
 
 
 @functools.lru_cache(maxsize=None)
-def train_defaults():
-    """train.py's config keys and defaults, as `python train.py --help` lists them (run, not
-    imported: no script imports another). To become configurator's table of them."""
-    rc, out = run([sys.executable, "train.py", "--help"])
-    lines = re.finditer(r"^--(\w+)=(.*)  \(\w+\)$", out, re.M)   # --key=repr(default)  (type)
-    keys = {m[1]: ast.literal_eval(m[2]) for m in lines}
-    if rc != 0 or not keys:
-        raise RuntimeError(f"`train.py --help` did not list its keys: {last_line(out)}")
-    return keys
-
-
 def train_config(config, overrides=()):
     """train.py's config of a config file and overrides, as train.py would see it."""
-    return configure(train_defaults(), [os.path.join(ROOT, config), *overrides])
+    return configure(DEFAULTS, [os.path.join(ROOT, config), *overrides])
 
 
 # ---- 1. the CUDA-only tests ------------------------------------------------------------------
