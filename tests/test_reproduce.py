@@ -92,23 +92,23 @@ def test_committed_default_grid_counts_as_done(monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     assert reproduce.main(["--dry_run"]) == 0
     out = capsys.readouterr().out
-    assert "51 runs, 51 done, 0 to do" in out and "to do  python" not in out, out
+    assert "66 runs, 66 done, 0 to do" in out and "to do  python" not in out, out
 
 
 def test_other_settings_are_refused_more_seeds_are_not_and_a_subset_summarizes_the_whole_grid(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)   # a copy of the committed results at the same relative path (runs' --out_dir)
     res = tmp_path / "results" / "default"
     shutil.copytree(os.path.join(ROOT, "results", "default"), res, ignore=shutil.ignore_patterns("*.png", "summary.*"))
-    with pytest.raises(SystemExit) as e:   # a different size would overwrite all 51 results
+    with pytest.raises(SystemExit) as e:   # a different size would overwrite all 66 results
         reproduce.main(["--max_iters=500", "--dry_run"])
     msg = str(e.value.code)
     assert msg.startswith("error:") and "\n" not in msg and "--results_dir" in msg and "--replace" in msg, msg
-    assert "51 of these runs" in msg and "--max_iters=1000" in msg and "--max_iters=500" in msg
+    assert "66 of these runs" in msg and "--max_iters=1000" in msg and "--max_iters=500" in msg
     capsys.readouterr()
     assert reproduce.main(["--max_iters=500", "--dry_run", "--replace"]) == 0
-    assert "0 done, 51 to do" in capsys.readouterr().out
+    assert "0 done, 66 to do" in capsys.readouterr().out
     assert reproduce.main(["--max_iters=500", "--dry_run", "--results_dir=elsewhere"]) == 0
-    assert "0 done, 51 to do" in capsys.readouterr().out
+    assert "0 done, 66 to do" in capsys.readouterr().out
     assert reproduce.main(["--variants=moe_unified", "--seeds=7", "--dry_run", "--mixed_code"]) == 0
     assert "2 variants x 7 seeds = 14 runs, 6 done, 8 to do" in capsys.readouterr().out   # seeds added in place
 
@@ -117,7 +117,7 @@ def test_other_settings_are_refused_more_seeds_are_not_and_a_subset_summarizes_t
         rows = {r["variant"]: r for r in json.load(f)["rows"]}
     with open(os.path.join(ROOT, "results", "default", "summary.json")) as f:
         committed = {r["variant"]: r for r in json.load(f)["rows"]}
-    assert rows.keys() == committed.keys() and len(rows) == 17   # the whole grid, not the subset
+    assert rows.keys() == committed.keys() and len(rows) == len(grids.default_grid())   # the whole grid, not the subset
     for name, row in committed.items():
         assert rows[name]["n"] == row["n"] and rows[name]["val_loss_mean"] == row["val_loss_mean"]
         assert rows[name].get("diff_mean") == row.get("diff_mean")
