@@ -26,7 +26,6 @@ Without CUDA and without --device=cpu it says so in one line and exits 0. Exit s
 check failed. The figures of line 3 give the --tokens_per_s of `reproduce.py --dry_run` (times
 the number of GPUs, for an estimate).
 """
-import functools
 import os
 import re
 import shutil
@@ -81,7 +80,6 @@ def last_line(text):
     return (text.strip().splitlines() or ["(no output)"])[-1]
 
 
-@functools.lru_cache(maxsize=None)
 def train_config(config, overrides=()):
     """train.py's config of a config file and overrides, as train.py would see it."""
     return configure(DEFAULTS, [os.path.join(ROOT, config), *overrides])
