@@ -250,7 +250,7 @@ def test_command_refuses_a_link_or_a_path_inside_a_file_as_to(tmp_path, monkeypa
 def test_command_refuses_a_nan_checkpoint_and_a_nan_verification(tmp_path, monkeypatch):
     pytest.importorskip("safetensors")
     monkeypatch.chdir(tmp_path)
-    model = write_run(tmp_path, GPTConfig(**TINY), "tiny", "char")
+    write_run(tmp_path, GPTConfig(**TINY), "tiny", "char")
     monkeypatch.setattr(export_hf, "compare", lambda model, folder: (float("nan"), 0.0))
     with pytest.raises(SystemExit, match="^error: the export's logits differ from the checkpoint's by nan"):
         export_hf.main(["--out_dir=out", "--to=hf/run"])

@@ -6,7 +6,6 @@ import math
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 import model as model_py
 from helpers import MOE, TINY, VARIANTS, make, randomize_scale_vectors, tokens

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers import MOE, TINY, VARIANTS, expected_decay, final_state, make, randomize_scale_vectors, records, tokens, train
-from model import GPT, GPTConfig, MoE, ScaleVector, SwiGLU
+from model import GPT, GPTConfig, SwiGLU
 
 
 def moe_layer(seed=0, **kw):
