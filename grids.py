@@ -173,6 +173,33 @@ def scaling_grid():
     return v
 
 
+# Regimes, on any prepared corpus (reproduce.py --grid=regime --dataset=NAME): baseline and unified
+# at two small sizes for 1 to 100 tokens per non-embedding parameter, the char recipe otherwise.
+# A run that would repeat the corpus more than --max_epochs times is skipped (reproduce.py says
+# which): on Tiny Shakespeare (1.0M training characters) 2x64 reaches 30 tokens per parameter
+# within 3.2 epochs. The scaling grid's 1x budget is TPP_1X tokens per parameter at every size.
+TPP_1X = 768_000 / 803_968
+REGIME_SIZES = ("2x64", "3x96")
+TOKENS_PER_PARAM = ("1", "10", "30", "100")
+
+
+def regime_grid():
+    v = []
+    for size in REGIME_SIZES:
+        n_layer, n_embd, iters_1x = SIZES[size]
+        shape = [f"--n_layer={n_layer}", f"--n_embd={n_embd}", f"--n_head={n_embd // 32}"]
+        for tpp in TOKENS_PER_PARAM:
+            own = [f"--max_iters={round(iters_1x * float(tpp) / TPP_1X)}", *shape]
+            base = f"baseline_{size}_t{tpp}"
+            v += [Variant(base, "config/baseline_char.py", own, None, "", 0),
+                  Variant(f"unified_{size}_t{tpp}", "config/unified_char.py", own, base, UNIFIED,
+                          -1)]
+    return v
+
+
+regime_grid.max_epochs = 1.0   # reproduce.py's default --max_epochs for this grid
+
+
 # IWD where decay can act: at weight_decay 0.1 a decayed vector shrinks by ~5% in 1000 steps; at
 # 1.0 by ~40% (exp(-sum of lr * wd)). The 0.1 rows are the default grid's (gemma_*, unified,
 # unified_noiwd).
@@ -199,7 +226,8 @@ GRIDS = {"default": default_grid, "core": lambda: core(default_grid()),
          # the paper's 0.12B table on one node: baseline, noscale, unified; node_full: all
          "node": node_grid(lambda: core(default_grid("124m"))),
          "node_full": node_grid(lambda: default_grid("124m")),
-         "node_350m": node_350m, "lr": lr_grid, "scaling": scaling_grid, "wd": wd_grid}
+         "node_350m": node_350m, "lr": lr_grid, "scaling": scaling_grid, "wd": wd_grid,
+         "regime": regime_grid}
 
 
 def is_node_grid(grids, name):

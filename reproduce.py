@@ -135,6 +135,43 @@ def local_estimate(v, iters, extra):
     return OVERHEAD_S + iters * MS_PER_ITER / 1000 * max(0.25, scale)
 
 
+def train_tokens(dataset):
+    """The training tokens of a prepared dataset (data/NAME under the working directory, as for
+    train.py), or None when it is not there."""
+    from tokens import dataset_dir
+    d = dataset_dir(dataset)
+    try:
+        with open(d / "meta.json", encoding="utf-8") as f:
+            n = json.load(f).get("train_tokens")
+        return n if isinstance(n, int) and n > 0 else os.path.getsize(d / "train.bin") // 2
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def run_epochs(v, args, extra):
+    """How many times a CPU run reads its training set (None when it is not prepared)."""
+    cfg = train_config(v.config, tuple(v.overrides + extra))
+    n = train_tokens(cfg["dataset"])
+    iters = int(next(x for x in args if x.startswith("--max_iters=")).split("=")[1])
+    per_iter = cfg["gradient_accumulation_steps"] * cfg["batch_size"] * cfg["block_size"]
+    return iters * per_iter / n if n else None
+
+
+def over_cap(jobs, cap, dataset):
+    """(the jobs within `cap` epochs, one line naming each variant skipped); SystemExit when the
+    training set is not there to count."""
+    if any(j.epochs is None for j in jobs):
+        from tokens import dataset_dir, load_meta
+        load_meta(dataset_dir(dataset))   # not prepared: its one sentence says how to prepare it
+        raise SystemExit(f"error: the epoch cap (--max_epochs={cap:g}) needs the size of the "
+                         f"training set, and data/{dataset}/train.bin cannot be read: prepare "
+                         "it again")
+    skipped = {j.v.name: j.epochs for j in jobs if j.epochs > cap}
+    note = (f"skipped, over --max_epochs={cap:g}: " + ", ".join(
+        f"{name} ({e:.1f} epochs)" for name, e in skipped.items())) if skipped else ""
+    return [j for j in jobs if j.epochs <= cap], note
+
+
 def node_estimate(todo, tokens_per_s, gpus, extra):
     """(seconds, how) for the node runs in todo: from the given tokens/s, or from ASSUMED_MFU."""
     if tokens_per_s:
@@ -349,7 +386,7 @@ class Children:
                 self.procs.discard(p)
 
 
-Job = namedtuple("Job", "v seed args run_dir done")
+Job = namedtuple("Job", "v seed args run_dir done epochs", defaults=(None,))
 
 
 class Runner:
@@ -426,6 +463,7 @@ class Runner:
                 "val_loss": last["val_loss"], "train_loss": last["train_loss"],
                 "curve": [[r["iter"], r["val_loss"]] for r in records], "wall_s": wall,
                 "scale_vectors": vectors, "sv_means": means, "code": code,
+                **({"epochs": job.epochs} if job.epochs is not None else {}),
                 **({"resumed": True} if resume else {})}
 
 
@@ -464,7 +502,13 @@ def parse_args(argv, grids):
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--extra", default="",
                    help='more train.py overrides for every run, e.g. "--dataset=tiny --n_layer=2"')
-    p.add_argument("--results_dir", default="", help="default: results/<grid>")
+    p.add_argument("--results_dir", default="",
+                   help="default: results/<grid>, or results/<grid>_<dataset> with --dataset")
+    p.add_argument("--dataset", default="",
+                   help="train every run on data/NAME (prepare_data.py), not its config's")
+    p.add_argument("--max_epochs", type=float,
+                   help="skip the runs that would repeat the training set more often (default: "
+                        "the grid's own cap: 1 for regime, none for the others)")
     p.add_argument("--replace", action="store_true",
                    help="run over results of other settings in the folder")
     p.add_argument("--mixed_code", action="store_true",
@@ -544,8 +588,9 @@ class Grid:
         launcher = a.launcher or ("torchrun" if is_node_grid(grids, a.grid) else "local")
         self.node = launcher == "torchrun"
         self.torchrun = torchrun_args(a) if self.node else None
-        self.out = a.results_dir or os.path.join("results", a.grid)
-        self.extra = shlex.split(a.extra)
+        named = f"{a.grid}_{a.dataset}" if a.dataset else a.grid
+        self.out = a.results_dir or os.path.join("results", named)
+        self.extra = shlex.split(a.extra) + ([f"--dataset={a.dataset}"] if a.dataset else [])
         self.tokens = int(a.tokens) if a.tokens else None
         self.max_iters = a.max_iters
 
@@ -563,7 +608,8 @@ class Grid:
             for v in variants:
                 args, run_dir = self.args_for(v, seed), self.run_dir(v, seed)
                 done = (load_result(run_dir) or {}).get("args") == args
-                out.append(Job(v, seed, args, run_dir, done))
+                epochs = None if self.node else run_epochs(v, args, self.extra)
+                out.append(Job(v, seed, args, run_dir, done, epochs))
         return out
 
 
@@ -744,6 +790,10 @@ def main(argv=None, grids=GRIDS):
     g = Grid(a, grids)
     check_results_dir(g.out)
     jobs = g.jobs(grid, a.seeds)
+    cap = a.max_epochs if a.max_epochs is not None else getattr(grids[a.grid], "max_epochs", None)
+    if cap is not None and not g.node:
+        jobs, note = over_cap(jobs, cap, a.dataset or "shakespeare_char")
+        print(note or f"every run within --max_epochs={cap:g}")
     if not a.replace:
         refuse_other_settings(g.out, jobs)
     todo = [] if a.summary_only else [j for j in jobs if not j.done]
