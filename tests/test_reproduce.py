@@ -415,7 +415,7 @@ def expected_config(name):
         elif w in grids.SIZES:
             n_layer, n_embd, _ = grids.SIZES[w]
             want.update(n_layer=n_layer, n_embd=n_embd)
-        elif not re.fullmatch(r"x[\d.]+|350m|none|iwd|all", w):
+        elif not re.fullmatch(r"x[\d.]+|t\d+|350m|none|iwd|all", w):   # budget, tokens/param
             raise AssertionError(f"grid row {name!r}: the word {w!r} has no meaning here (add it to MODIFIERS)")
     return want
 
