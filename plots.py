@@ -138,9 +138,10 @@ def plot_report(out, grid_name, report):
             c = np.geomspace(min(f["budgets"]) / 1.5, max(f["budgets"]) * 1.5, 100)
             ax.plot(f["budgets"], f["baseline"], "ko", label="baseline (mean over seeds)")
             ax.plot(c, E + A * c ** -alpha, "k-", lw=0.8, label=f"fit E + A C^-{alpha:.2f}")
-            for name, loss in f["variants"].items():
-                ax.plot([1], [loss], "s", label=f"{name} at 1x")
-                ax.axhline(loss, lw=0.5, ls=":", color=ax.lines[-1].get_color())
+            for name, by_budget in f["variants"].items():
+                bs = sorted(by_budget, key=float)
+                ax.plot([float(b) for b in bs], [by_budget[b] for b in bs], "s--", lw=0.8,
+                        label=name)
             ax.set(xscale="log", xlabel=f"budget (x {f['iters']} iterations)",
                    ylabel="validation loss", title=size)
             ax.set_xticks(f["budgets"], [f"{b:g}x" for b in f["budgets"]], minor=False)
@@ -150,10 +151,11 @@ def plot_report(out, grid_name, report):
         fig.savefig(os.path.join(out, "compute_efficiency.png"), dpi=80)
         plt.close(fig)
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.6))
-        for name in sorted({r["variant"] for r in report["rows"]}):
-            rows = [r for r in report["rows"] if r["variant"] == name]
+        at_1x = [r for r in report["rows"] if r["budget"] == 1]
+        for name in sorted({r["variant"] for r in at_1x}):
+            rows = [r for r in at_1x if r["variant"] == name]
             p = [r["params"] for r in rows]
-            ax1.errorbar(p, [r["gap_mean"] for r in rows], yerr=[r["gap_std"] or 0 for r in rows],
+            ax1.errorbar(p, [r["mean"] for r in rows], yerr=[r["std"] or 0 for r in rows],
                          fmt="o-", label=name)
             ax2.plot(p, [min(r["factor"], 10) for r in rows], "o-", label=name)
         ax1.axhline(0, color="k", lw=0.5)
@@ -164,3 +166,28 @@ def plot_report(out, grid_name, report):
                 title="compute efficiency")
         ax1.legend(fontsize=7), ax2.legend(fontsize=7)
         fig.tight_layout(), fig.savefig(os.path.join(out, "scaling.png"), dpi=80), plt.close(fig)
+        plot_gap_vs_tokens(plt, os.path.join(out, "gap_vs_length.png"), report["rows"],
+                           "unified and DNP against the baseline at each budget")
+    if grid_name == "regime":
+        plot_gap_vs_tokens(plt, os.path.join(out, "gap_vs_tokens.png"),
+                           [dict(r, variant="unified") for r in report["rows"]],
+                           "unified against the baseline")
+
+
+def plot_gap_vs_tokens(plt, path, rows, title):
+    """The gap (variant - baseline at the same budget; mean and std over seeds) against tokens per
+    parameter: one line per size, solid for unified, dashed for DNP."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, size in enumerate(dict.fromkeys(r["size"] for r in rows)):
+        for name, style in (("unified", "o-"), ("dnp", "s--")):
+            line = sorted((r for r in rows if r["size"] == size and r["variant"] == name),
+                          key=lambda r: r["tokens_per_param"])
+            if line:
+                ax.errorbar([r["tokens_per_param"] for r in line], [r["mean"] for r in line],
+                            yerr=[r["std"] or 0 for r in line], fmt=style, color=f"C{i}",
+                            label=f"{name} {size}", capsize=2, lw=1)
+    ax.axhline(0, color="k", lw=0.5)
+    ax.set(xscale="log", xlabel="training tokens per non-embedding parameter",
+           ylabel="val loss - baseline (same budget)", title=title)
+    ax.legend(fontsize=7)
+    fig.tight_layout(), fig.savefig(path, dpi=80), plt.close(fig)

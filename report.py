@@ -9,7 +9,7 @@ import re
 
 import numpy as np
 
-from grids import BUDGETS, LRS, SIZES, lr_grid, scaling_grid
+from grids import BUDGETS, LRS, SIZE_LRS, SIZES, TPP_1X, budget_name, lr_grid, scaling_grid
 
 
 def meta_gpt(**fields):
@@ -167,14 +167,18 @@ def non_embedding_params(n_layer, n_embd):
     return m.num_params() - m.wte.weight.numel()
 
 
-def scaling_rows(results, tokens_per_iter=768, train_tokens=1_003_854):
-    """Per size: unified's (and DNP's) loss against the baseline at the same budget (paired by
-    seed), and the compute-efficiency factor: the budget the baseline's fitted L(C) needs to reach
-    the variant's loss, over the budget the variant used (1x). The paper: 1.22-1.25x at
-    0.12B-2B."""
+TRAIN_TOKENS = 1_003_854   # Tiny Shakespeare's training characters: the CPU grids' epochs
+TOKENS_PER_ITER = 768       # the char recipe's batch 12 x block 64
+
+
+def scaling_rows(results, tokens_per_iter=TOKENS_PER_ITER, train_tokens=TRAIN_TOKENS):
+    """Per size, family and budget: the family's loss against the baseline at the same budget
+    (paired by seed), and the compute factor: the budget the baseline's fitted L(C) needs to reach
+    the family's loss, over the budget the family used (the paper: 1.22-1.25x at 0.12B-2B). The
+    gap at each budget says whether the gain holds or fades with training length."""
     rows, fits = [], {}
     for size, (n_layer, n_embd, iters) in SIZES.items():
-        base = {b: results.get(f"baseline_{size}_x{b}", {}) for b in BUDGETS}
+        base = {b: results.get(budget_name("baseline", size, b), {}) for b in BUDGETS}
         seeds = sorted(set.intersection(*(set(r) for r in base.values())))
         if not seeds:
             continue
@@ -182,47 +186,104 @@ def scaling_rows(results, tokens_per_iter=768, train_tokens=1_003_854):
         mean_curve = [float(np.mean([base[b][s]["val_loss"] for s in seeds])) for b in BUDGETS]
         fits[size] = {"budgets": xs, "iters": iters, "baseline": mean_curve,
                       "fit": list(fit_budget(xs, mean_curve)), "variants": {}}
-        for name in [v.name for v in scaling_grid() if v.name.endswith(f"_{size}") and v.baseline]:
-            res, paired = results.get(name, {}), [s for s in seeds if s in results.get(name, {})]
+        params = non_embedding_params(n_layer, n_embd)
+        by_base = {budget_name("baseline", size, b): b for b in BUDGETS}
+        for v in [v for v in scaling_grid() if v.baseline in by_base]:
+            b = by_base[v.baseline]
+            res = results.get(v.name, {})
+            paired = [s for s in seeds if s in res]
             if not paired:
                 continue
-            curve = lambda s: [base[b][s]["val_loss"] for b in BUDGETS]   # noqa: E731
-            per_seed = [budget_needed(fit_budget(xs, curve(s)), res[s]["val_loss"])
+            curve = lambda s: [base[c][s]["val_loss"] for c in BUDGETS]   # noqa: E731
+            per_seed = [budget_needed(fit_budget(xs, curve(s)), res[s]["val_loss"]) / float(b)
                         for s in paired]
             # against the baseline of the same seeds
             loss = float(np.mean([res[s]["val_loss"] for s in paired]))
-            paired_curve = [np.mean([base[b][s]["val_loss"] for s in paired]) for b in BUDGETS]
-            factor = budget_needed(fit_budget(xs, paired_curve), loss)
-            label = name[: -len(size) - 1]
-            fits[size]["variants"][label] = loss
-            gap = mean_std([res[s]["val_loss"] - base["1"][s]["val_loss"] for s in paired])
-            rows.append({"size": size, "variant": label,
-                         "params": non_embedding_params(n_layer, n_embd),
-                         "iters": iters, "epochs_1x": iters * tokens_per_iter / train_tokens,
-                         "epochs_2x": 2 * iters * tokens_per_iter / train_tokens, "seeds": paired,
-                         "gap_mean": gap[0], "gap_std": gap[1], "factor": factor,
-                         "factor_seeds": per_seed, "extrapolated": not xs[0] <= factor <= xs[-1]})
+            paired_curve = [np.mean([base[c][s]["val_loss"] for s in paired]) for c in BUDGETS]
+            needed = budget_needed(fit_budget(xs, paired_curve), loss)
+            label = v.name.split(f"_{size}")[0]
+            fits[size]["variants"].setdefault(label, {})[b] = loss
+            diffs = [res[s]["val_loss"] - base[b][s]["val_loss"] for s in paired]
+            n_iter = round(iters * float(b))
+            rows.append({"size": size, "variant": label, "budget": float(b), "params": params,
+                         "iters": n_iter, "tokens_per_param": n_iter * tokens_per_iter / params,
+                         "epochs": n_iter * tokens_per_iter / train_tokens, "seeds": paired,
+                         **part(diffs), "factor": needed / float(b),
+                         "factor_seeds": per_seed, "extrapolated": not xs[0] <= needed <= xs[-1]})
     return rows, fits
 
 
 def scaling_lines(rows):
     f = lambda x: "∞" if x == float("inf") else f"{x:.2f}"   # noqa: E731
-    lines = ["## Compute efficiency and scaling", "",
-             f"Each size trains at {', '.join(BUDGETS)} x its budget (a fixed "
-             f"{768_000 / 803_968:.3f} tokens per non-embedding parameter, a complete schedule "
-             "each); the baseline's loss is fitted as L(C) = E + A C^-alpha over those budgets "
-             "(means over the variant's seeds). Factor: the budget at which the fitted baseline "
-             "reaches the variant's loss, over the 1x budget the variant used (the paper: "
-             "1.22-1.25x). Per-seed factors fit each seed's own curve.", "",
-             "| size | variant | non-emb. params | iters at 1x | epochs at 1x / 2x | seeds "
-             "| loss - baseline (same budget) | compute factor | per seed |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        beyond = " (beyond the fitted range)" if r["extrapolated"] else ""
-        lines.append(f"| {r['size']} | {r['variant']} | {r['params'] / 1e6:.3f}M | {r['iters']} "
-                     f"| {r['epochs_1x']:.2f} / {r['epochs_2x']:.2f} | {len(r['seeds'])} "
-                     f"| {pm(r['gap_mean'], r['gap_std'], '+.4f')} | {f(r['factor'])}x{beyond} | "
-                     f"{', '.join(f(x) for x in r['factor_seeds'])} |")
+    lines = ["## Compute efficiency, scaling and training length", "",
+             f"Each size trains at {', '.join(BUDGETS)} x its budget (1x: a fixed "
+             f"{TPP_1X:.3f} tokens per non-embedding parameter; a complete schedule each); the "
+             "baseline's loss is fitted as L(C) = E + A C^-alpha over those budgets (means over the "
+             "variant's seeds). Gap: the variant minus the baseline at the same budget, seed by "
+             "seed, with its 95% interval and verdict. Factor: the budget at which the fitted "
+             "baseline reaches the variant's loss, over the budget the variant used (the paper: "
+             "1.22-1.25x); beyond 2x it is extrapolated. Per-seed factors fit each seed's own "
+             "curve. `gap_vs_length.png`: the gap against tokens per parameter, one line per "
+             "size.", "",
+             "| size | variant | budget | tokens/param | epochs | seeds "
+             "| gap (mean ± std) | 95% CI | verdict | compute factor | per seed |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["params"], r["variant"], r["budget"])):
+        beyond = " (extrapolated)" if r["extrapolated"] else ""
+        lines.append(f"| {r['size']} | {r['variant']} | {r['budget']:g}x "
+                     f"| {r['tokens_per_param']:.2f} | {r['epochs']:.2f} | {len(r['seeds'])} "
+                     f"| {pm(r['mean'], r['std'], '+.4f')} | {interval(r['ci95'])} "
+                     f"| {r['verdict']} | {f(r['factor'])}x{beyond} "
+                     f"| {', '.join(f(x) for x in r['factor_seeds'])} |")
+    return lines
+
+
+def size_lr_rows(results):
+    """The lr check at the smallest and the largest size: {size: {family: {lr: mean val loss}}},
+    and per size the best rate of each family and unified's gap at the best rates (paired)."""
+    out = {}
+    for size in SIZES:
+        runs = {("baseline", "1e-3"): budget_name("baseline", size, "1"),
+                ("unified", "1e-3"): budget_name("unified", size, "1")}
+        runs.update({(f, lr): f"{f}_{size}_lr{lr}" for f in ("baseline", "unified")
+                     for lr in SIZE_LRS})
+        if not any(results.get(n) for (f, lr), n in runs.items() if lr != "1e-3"):
+            continue
+        table = {}
+        for (f, lr), name in runs.items():
+            if results.get(name):
+                table.setdefault(f, {})[lr] = (name, results[name])
+        best = {f: min(t, key=lambda lr: mean_std([r["val_loss"] for r in t[lr][1].values()])[0])
+                for f, t in table.items()}
+        row = {"size": size, "losses": {f: {lr: mean_std([r["val_loss"] for r in res.values()])[0]
+                                            for lr, (_, res) in t.items()}
+                                        for f, t in table.items()}, "best": best}
+        if len(best) == 2:
+            seeds, diffs = paired_diffs(table["unified"][best["unified"]][1],
+                                        table["baseline"][best["baseline"]][1])
+            row.update(seeds=seeds, **part(diffs))
+        out[size] = row
+    return out
+
+
+def size_lr_lines(rows):
+    lrs = sorted(("1e-3", *SIZE_LRS), key=float)
+    lines = ["", "### Learning rate at the smallest and the largest size", "",
+             "Mean validation loss at the 1x budget over the seeds run; **bold**: the family's "
+             "best, (edge) when no larger or smaller rate was run beside it. Tuned: unified at its best rate minus the baseline at its best, paired by "
+             "seed (the lr grid swept 4x128).", "",
+             "| size | family | " + " | ".join(lrs) + " | tuned gap | 95% CI | verdict |",
+             "|---" * (len(lrs) + 5) + "|"]
+    for size, r in rows.items():
+        for f, by in r["losses"].items():
+            cells = [("**%.4f**" if lr == r["best"][f] else "%.4f") % by[lr] if lr in by else "—"
+                     for lr in lrs]
+            ran = sorted(by, key=float)
+            if r["best"][f] in (ran[0], ran[-1]):   # the optimum may lie further out
+                cells[lrs.index(r["best"][f])] += " (edge)"
+            tuned = [pm(r["mean"], r["std"], "+.4f"), interval(r["ci95"]), r["verdict"]] \
+                if f == "unified" and "mean" in r else ["", "", ""]
+            lines.append(f"| {size} | {f} | " + " | ".join(cells + tuned) + " |")
     return lines
 
 
@@ -294,9 +355,43 @@ def overhead_lines(table):
 
 def scaling_report(results):
     rows, fits = scaling_rows(results)
-    overheads = param_overheads()
-    data = {"rows": rows, "fits": fits, "overheads": overheads}
-    return scaling_lines(rows) + overhead_lines(overheads), data
+    lrs, overheads = size_lr_rows(results), param_overheads()
+    data = {"rows": rows, "fits": fits, "lr_check": lrs, "overheads": overheads}
+    return scaling_lines(rows) + size_lr_lines(lrs) + overhead_lines(overheads), data
+
+
+def regime_rows(results):
+    """Per size and tokens per parameter of the regime grid: unified minus the baseline, paired,
+    with the epochs each read (result.json's, else of Tiny Shakespeare)."""
+    from grids import regime_grid
+    rows = []
+    for v in regime_grid():
+        if not v.baseline or not results.get(v.name) or not results.get(v.baseline):
+            continue
+        size, tpp = re.fullmatch(r"unified_(\w+)_t(\d+)", v.name).groups()
+        seeds, diffs = paired_diffs(results[v.name], results[v.baseline])
+        if not seeds:
+            continue
+        res = results[v.name][seeds[0]]
+        iters = int(re.findall(r"--max_iters=(\d+)", " ".join(res["args"]))[-1])
+        epochs = res.get("epochs", iters * TOKENS_PER_ITER / TRAIN_TOKENS)
+        base = mean_std([r["val_loss"] for r in results[v.baseline].values()])[0]
+        rows.append({"size": size, "tokens_per_param": float(tpp), "epochs": epochs,
+                     "iters": iters, "seeds": seeds, "baseline_loss": base, **part(diffs)})
+    return rows
+
+
+def regime_report(results):
+    rows = regime_rows(results)
+    lines = ["## Regimes: the gain against tokens per parameter", "",
+             "Unified minus the baseline at the same size and budget, seed by seed. Runs that would "
+             "read the training set more than --max_epochs times are not run (reproduce.py names "
+             "them).", "", "| size | tokens/param | iters | epochs | n | baseline loss "
+             "| gap (mean ± std) | 95% CI | verdict |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['size']} | {r['tokens_per_param']:g} | {r['iters']} | {r['epochs']:.2f} "
+              f"| {len(r['seeds'])} | {r['baseline_loss']:.4f} | {pm(r['mean'], r['std'], '+.4f')} "
+              f"| {interval(r['ci95'])} | {r['verdict']} |" for r in rows]
+    return lines, {"rows": rows}
 
 
 # ---- the controls: what DNP's vector adds, and where weight decay acts --------------------------
@@ -390,7 +485,8 @@ def wd_report(results):
 
 
 # grids with more to say than the paired table: (markdown lines, data for summary.json and plots)
-REPORTS = {"lr": lr_report, "scaling": scaling_report, "default": default_report, "wd": wd_report}
+REPORTS = {"lr": lr_report, "scaling": scaling_report, "default": default_report, "wd": wd_report,
+           "regime": regime_report}
 
 
 # ---- wall-clock efficiency from the curves (BENCHMARKS.md) -------------------------------------

@@ -261,16 +261,73 @@ def test_budget_fit_recovers_a_power_law_and_inverts_it():
     assert report.budget_needed((E, A, alpha), E - 0.01) == float("inf")   # below the asymptote
 
 
-def test_scaling_report_factor_is_the_budget_the_baseline_needs(monkeypatch):
+def test_scaling_report_factor_is_the_budget_the_baseline_needs_at_every_budget(monkeypatch):
     monkeypatch.setattr(report, "non_embedding_params", lambda n_layer, n_embd: 12 * n_layer * n_embd ** 2)
     law = lambda c, s: 1.5 + 0.3 * c ** -0.7 + 0.001 * s   # the seeds differ by a constant
     results = {f"baseline_4x128_x{b}": {s: fake(law(float(b), s), s) for s in (1, 2)} for b in grids.BUDGETS}
     results["unified_4x128"] = {s: fake(law(1.25, s), s) for s in (1, 2)}   # what the baseline reaches at 1.25x
-    (row,), fits = report.scaling_rows(results)
+    results["dnp_4x128_x1.5"] = {s: fake(law(1.8, s), s) for s in (1, 2)}     # at 1.5x: 1.8 / 1.5 = 1.2x
+    rows, fits = report.scaling_rows(results)
+    row, dnp = sorted(rows, key=lambda r: r["variant"], reverse=True)
     assert row["size"] == "4x128" and row["seeds"] == [1, 2] and not row["extrapolated"]
     assert abs(row["factor"] - 1.25) < 0.01 and all(abs(f - 1.25) < 0.01 for f in row["factor_seeds"])
-    assert abs(row["gap_mean"] - (law(1.25, 0) - law(1, 0))) < 1e-12 and row["gap_std"] < 1e-12
-    assert abs(row["epochs_1x"] - 1000 * 768 / 1_003_854) < 1e-12
+    assert abs(row["mean"] - (law(1.25, 0) - law(1, 0))) < 1e-12 and row["std"] < 1e-12
+    assert abs(row["epochs"] - 1000 * 768 / 1_003_854) < 1e-12
+    assert abs(row["tokens_per_param"] - 1000 * 768 / (12 * 4 * 128 ** 2)) < 1e-12
+    assert dnp["variant"] == "dnp" and dnp["budget"] == 1.5 and dnp["iters"] == 1500
+    assert abs(dnp["factor"] - 1.2) < 0.01 and abs(dnp["mean"] - (law(1.8, 0) - law(1.5, 0))) < 1e-12
+    assert fits["4x128"]["variants"] == {"unified": {"1": pytest.approx(law(1.25, 1.5))},
+                                         "dnp": {"1.5": pytest.approx(law(1.8, 1.5))}}
+    lines = report.scaling_lines(rows)
+    assert any(line.startswith("| 4x128 | dnp | 1.5x | ") and "| 1.20x |" in line for line in lines), lines
+
+
+def test_size_lr_check_finds_each_familys_best_rate_and_the_tuned_gap():
+    loss = {("baseline", "5e-4"): 2.9, ("baseline", "1e-3"): 2.7, ("baseline", "2e-3"): 2.6,
+            ("baseline", "4e-3"): 2.65, ("unified", "1e-3"): 2.5, ("unified", "2e-3"): 2.4}
+    name = {("baseline", "1e-3"): "baseline_2x64_x1", ("unified", "1e-3"): "unified_2x64"}
+    results = {name.get(k, f"{k[0]}_2x64_lr{k[1]}"): {s: fake(v + 0.01 * s * (k[0] == "unified"), s)
+                                                       for s in (1, 2)} for k, v in loss.items()}
+    rows = report.size_lr_rows(results)
+    assert list(rows) == ["2x64"] and rows["2x64"]["best"] == {"baseline": "2e-3", "unified": "2e-3"}
+    assert rows["2x64"]["mean"] == pytest.approx(-0.2 + 0.015)
+    lines = "\n".join(report.size_lr_lines(rows))
+    assert "| 2x64 | baseline | 2.9000 | 2.7000 | **2.6000** | 2.6500 |" in lines
+    assert "**2.4150** (edge)" in lines   # unified ran no rate above 2e-3
+
+
+def test_regime_rows_pair_unified_with_the_baseline_of_its_size_and_tokens_per_parameter():
+    results = {}
+    for v in grids.regime_grid():
+        if v.name.endswith("_t100"):
+            continue   # over the cap: not run
+        gap = -0.1 if v.name.startswith("unified") else 0.0
+        args = ["--max_iters=" + v.overrides[0].split("=")[1]]
+        results[v.name] = {s: dict(fake(2.0 + gap + 0.01 * s, s), args=args, epochs=0.5) for s in (1, 2, 3)}
+    rows = report.regime_rows(results)
+    assert [(r["size"], r["tokens_per_param"]) for r in rows] == [
+        (s, t) for s in grids.REGIME_SIZES for t in (1.0, 10.0, 30.0)]
+    assert all(r["mean"] == pytest.approx(-0.1) and r["verdict"] == "lower" and r["epochs"] == 0.5 for r in rows)
+    assert rows[1]["iters"] == round(133 * 10 / grids.TPP_1X)
+
+
+def test_epoch_cap_skips_and_names_the_runs_that_read_the_corpus_more_often(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    data = tmp_path / "data" / "tiny_corpus"
+    data.mkdir(parents=True)
+    (data / "meta.json").write_text(json.dumps({"tokenizer": "char", "vocab_size": 65, "train_tokens": 200_000}))
+    argv = ["--grid=regime", "--dataset=tiny_corpus", "--seeds=1", "--dry_run"]
+    assert reproduce.main(argv) == 0
+    out = capsys.readouterr().out
+    # 2x64 at 1 token/param: 139 iterations x 768 = 0.53 epochs of 200k tokens; every other run is over 1
+    assert "skipped, over --max_epochs=1: baseline_2x64_t10 (5.3 epochs)" in out, out
+    todo = [line for line in out.splitlines() if line.startswith("to do")]
+    assert len(todo) == 2 and all("--dataset=tiny_corpus" in line and "results/regime_tiny_corpus/" in line
+                                  for line in todo), todo
+    assert reproduce.main([*argv, "--max_epochs=6"]) == 0
+    assert "baseline_3x96_t10 (16.6 epochs)" in capsys.readouterr().out   # 2x64 at 10 is now in
+    with pytest.raises(SystemExit, match="no prepared data in data/absent"):
+        reproduce.main(["--grid=regime", "--dataset=absent", "--dry_run"])
 
 
 def test_tuned_rows_pair_each_familys_best_rate_with_the_baselines_best_rate():
