@@ -107,7 +107,7 @@ def plain_g(sv):
 
 def or_g(sv):
     """OR (paper 3.3): a magnitude beta times a unit-RMS direction Norm(alpha)."""
-    return sv.beta * norm(sv.alpha, sv.eps, fast=False)
+    return sv.beta * norm(sv.alpha, sv.eps, sv.fast)
 
 
 def er_g(sv):
@@ -297,6 +297,7 @@ class ScaleVector(nn.Module):
         if kind not in ("input", "output"):
             raise ValueError(f"ScaleVector: kind must be 'input' or 'output', not {kind!r}")
         self.kind, self.reparam, self.eps, self.names = kind, cfg.sv_reparam, cfg.norm_eps, names
+        self.fast = cfg.kernels
         for name, (shape, init) in REPARAMS[self.reparam].params.items():
             value = init(cfg.norm_eps) if callable(init) else init
             raw = torch.full((rows, 1 if shape == "scalar" else d), float(value))
