@@ -61,6 +61,15 @@ def test_roundtrip(tokenizer):
     assert len(ids) < len(TEXT) if tokenizer == "gpt2" else len(ids) == len(TEXT)
 
 
+def test_byte_roundtrip_on_non_ascii_text():
+    encode, decode = tokens.get_tokenizer({"tokenizer": "byte", "vocab_size": 257})
+    ids = encode(TEXT)
+    assert ids == list(TEXT.encode("utf-8")) and len(ids) > len(TEXT)   # multi-byte characters
+    assert max(ids) > 127 and decode(ids) == TEXT
+    assert decode([256] + ids[:20] + [256]) == TEXT[:20]   # the end-of-text id decodes to nothing
+    assert decode(list("é".encode())[:1]) == "\ufffd"   # a cut character: replaced, not an error
+
+
 def test_char_encode_unknown_character():
     encode, _ = tokens.get_tokenizer({"tokenizer": "char", "chars": "ab"})
     with pytest.raises(ValueError, match="'z'"):
@@ -385,8 +394,9 @@ def test_a_dataset_is_prepared_where_train_py_looks_for_it(tmp_path, monkeypatch
     ({"chars": None}, "has no 'chars' string of vocab_size=3 distinct characters (chars: NoneType)"),
     ({"chars": "abcd"}, "(chars: str of 4)"),
     ({"chars": "aab"}, "distinct characters"),
-    ({"tokenizer": "bpe"}, "names tokenizer 'bpe', not 'char' or 'gpt2'"),
+    ({"tokenizer": "bpe"}, "names tokenizer 'bpe', not 'char', 'gpt2' or 'byte'"),
     ({"tokenizer": "gpt2"}, "has vocab_size=3 for GPT-2's BPE, which has 50257"),
+    ({"tokenizer": "byte", "vocab_size": 50257}, "has vocab_size=50257 for the byte tokenizer, which has 257"),
 ])
 def test_meta_json_values_are_checked_in_one_sentence(tmp_path, change, words):
     meta = {"tokenizer": "char", "vocab_size": 3, "chars": "abc", **change}
