@@ -36,7 +36,8 @@ import torch
 import checkpoint
 from configurator import ConfigError, configure
 from model import GPT, PLACEMENTS
-from tokens import EOT, dataset_dir, gpt2_encoding, load_meta   # gpt2_encoding checks the vendored file's sha256
+# gpt2_encoding checks the vendored file's sha256
+from tokens import EOT, TOKENIZERS, dataset_dir, gpt2_encoding, load_meta
 
 out_dir = "out"         # the run: its newest complete checkpoint is exported
 to = ""                 # the folder to write (replaced as a whole if it exists)
@@ -310,10 +311,11 @@ def compare(model, folder, n_tokens=64, seed=0):
 
 
 def tokenizer_of(ckpt):
-    """'gpt2', 'char' or None (unknown): the tokenizer the run's data was prepared with, as the checkpoint
-    records it (tokens.vocabulary); for a checkpoint written before that record, from today's meta.json."""
+    """'gpt2', 'char', 'byte' or None (unknown): the tokenizer the run's data was prepared with,
+    as the checkpoint records it (tokens.vocabulary); for a checkpoint written before that record,
+    from today's meta.json."""
     vocab = ckpt.get("vocab")
-    if isinstance(vocab, dict) and vocab.get("tokenizer") in ("gpt2", "char"):
+    if isinstance(vocab, dict) and vocab.get("tokenizer") in TOKENIZERS:
         return vocab["tokenizer"]
     dataset = ckpt.get("config", {}).get("dataset")
     if not dataset or not os.path.isfile(dataset_dir(str(dataset)) / "meta.json"):
@@ -349,6 +351,7 @@ def main(argv):
           f"head {'tied, g_final in model.norm.weight' if c.tie_embeddings else 'untied, g_final folded into lm_head'}")
     print({"gpt2": "tokenizer: GPT-2 BPE (vocab.json, merges.txt)",
            "char": "tokenizer: none written (a char-level vocabulary; ids are meta.json's 'chars' indices)",
+           "byte": "tokenizer: none written (byte-level: 0-255 are UTF-8 bytes, 256 ends text)",
            None: f"tokenizer: none written (no data/{ckpt.get('config', {}).get('dataset')}/meta.json to tell which)"}.get(tok, f"tokenizer: none written ({tok!r})"))
     if args["verify"]:
         try:

@@ -18,6 +18,12 @@ GPT2_RANKS = ROOT / "data/raw/gpt2.tiktoken"
 GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 EOT = 50256
+# the byte-level tokenizer: ids 0..255 are the UTF-8 bytes, 256 the end-of-text token before each
+# document (as EOT for GPT-2): a 257-row embedding, small enough for 0.1M-parameter models
+BYTE_EOT = 256
+BYTE_VOCAB = BYTE_EOT + 1
+TOKENIZERS = ("char", "gpt2", "byte")
+KNOWN = "'char', 'gpt2' or 'byte'"
 
 
 def dataset_dir(name):
@@ -64,12 +70,14 @@ def load_meta(data_dir):
 def meta_problem(meta):
     """What is wrong with a meta.json's values (as words after its path), or None."""
     tokenizer, vocab_size = meta["tokenizer"], meta["vocab_size"]
-    if tokenizer not in ("char", "gpt2"):
-        return f"names tokenizer {tokenizer!r}, not 'char' or 'gpt2'"
+    if tokenizer not in TOKENIZERS:
+        return f"names tokenizer {tokenizer!r}, not {KNOWN}"
     if type(vocab_size) is not int or not 1 <= vocab_size <= 65536:   # uint16 ids
         return f"has vocab_size={vocab_size!r}, not a whole number from 1 to 65536"
     if tokenizer == "gpt2" and vocab_size != EOT + 1:
         return f"has vocab_size={vocab_size} for GPT-2's BPE, which has {EOT + 1}"
+    if tokenizer == "byte" and vocab_size != BYTE_VOCAB:
+        return f"has vocab_size={vocab_size} for the byte tokenizer, which has {BYTE_VOCAB}"
     chars = meta.get("chars")
     if tokenizer == "char" and not (isinstance(chars, str) and len(chars) == vocab_size == len(set(chars))):
         return (f"has no 'chars' string of vocab_size={vocab_size} distinct characters (chars: "
@@ -85,7 +93,15 @@ def vocabulary(meta):
 
 
 def get_tokenizer(meta):
-    """(encode, decode) for the tokenizer a meta.json names."""
+    """(encode, decode) for the tokenizer a meta.json names.
+
+    byte: encode gives the UTF-8 bytes; decode drops the end-of-text id 256 (it decodes to
+    nothing, so a sample reads as the text itself) and turns a cut or invalid UTF-8 sequence
+    into U+FFFD (a model may emit any byte sequence)."""
+    if meta["tokenizer"] == "byte":
+        def decode_bytes(ids):
+            return bytes(i for i in ids if i < BYTE_EOT).decode("utf-8", errors="replace")
+        return (lambda s: list(s.encode("utf-8"))), decode_bytes
     if meta["tokenizer"] == "gpt2":
         enc = gpt2_encoding()
         return enc.encode_ordinary, enc.decode
@@ -98,4 +114,5 @@ def get_tokenizer(meta):
             except KeyError as e:
                 raise ValueError(f"character {e.args[0]!r} is not in this char-level vocabulary") from None
         return encode, lambda ids: "".join(chars[i] for i in ids)
-    raise SystemExit(f"error: unknown tokenizer {meta['tokenizer']!r} in meta.json (expected 'char' or 'gpt2')")
+    raise SystemExit(f"error: unknown tokenizer {meta['tokenizer']!r} in meta.json "
+                     f"(expected {KNOWN})")

@@ -269,3 +269,15 @@ def test_the_tokenizer_is_the_runs_not_todays_meta_json(tmp_path, monkeypatch):
     assert export_hf.tokenizer_of(state) == "char"   # a checkpoint without the record: from meta.json
     state["vocab"] = {"tokenizer": "gpt2", "vocab_size": 50257}
     assert export_hf.tokenizer_of(state) == "gpt2"   # the run's own record wins over today's meta.json
+    state["vocab"] = {"tokenizer": "byte", "vocab_size": 257}
+    assert export_hf.tokenizer_of(state) == "byte"
+
+
+def test_a_byte_run_exports_without_tokenizer_files(tmp_path, monkeypatch, capsys):
+    """As a char run: HF has no tokenizer class for our 257 ids, so only the model is written."""
+    pytest.importorskip("safetensors")
+    monkeypatch.chdir(tmp_path)
+    write_run(tmp_path, GPTConfig(**{**TINY, "vocab_size": 257}), "bytes", "byte")
+    export_hf.main(["--out_dir=out", "--to=hf/run", "--verify=False"])
+    assert sorted(os.listdir("hf/run")) == ["config.json", "model.safetensors"]
+    assert "tokenizer: none written (byte-level" in capsys.readouterr().out

@@ -61,6 +61,15 @@ def test_roundtrip(tokenizer):
     assert len(ids) < len(TEXT) if tokenizer == "gpt2" else len(ids) == len(TEXT)
 
 
+def test_byte_roundtrip_on_non_ascii_text():
+    encode, decode = tokens.get_tokenizer({"tokenizer": "byte", "vocab_size": 257})
+    ids = encode(TEXT)
+    assert ids == list(TEXT.encode("utf-8")) and len(ids) > len(TEXT)   # multi-byte characters
+    assert max(ids) > 127 and decode(ids) == TEXT
+    assert decode([256] + ids[:20] + [256]) == TEXT[:20]   # the end-of-text id decodes to nothing
+    assert decode(list("é".encode())[:1]) == "\ufffd"   # a cut character: replaced, not an error
+
+
 def test_char_encode_unknown_character():
     encode, _ = tokens.get_tokenizer({"tokenizer": "char", "chars": "ab"})
     with pytest.raises(ValueError, match="'z'"):
@@ -113,7 +122,7 @@ def test_uint16_overflow_is_an_error(tmp_path):
 
 # --- text sub-command ----------------------------------------------------------
 
-@pytest.mark.parametrize("tokenizer", ["char", "gpt2"])
+@pytest.mark.parametrize("tokenizer", ["char", "gpt2", "byte"])
 def test_text_bins_decode_to_train_and_val_text(tmp_path, tokenizer):
     out = prepare(tmp_path, TEXT, tokenizer)
     meta, train, val = read_set(out)
@@ -121,7 +130,9 @@ def test_text_bins_decode_to_train_and_val_text(tmp_path, tokenizer):
     n = int(len(TEXT) * 0.9)
     assert decode(train.tolist()) == TEXT[:n] and decode(val.tolist()) == TEXT[n:]
     assert (meta["train_tokens"], meta["val_tokens"]) == (len(train), len(val))
-    assert meta["vocab_size"] == (len(set(TEXT)) if tokenizer == "char" else 50257)
+    assert meta["vocab_size"] == {"char": len(set(TEXT)), "gpt2": 50257, "byte": 257}[tokenizer]
+    if tokenizer == "byte":   # one id per UTF-8 byte, no end-of-text in a single text
+        assert train.tolist() + val.tolist() == list(TEXT[:n].encode()) + list(TEXT[n:].encode())
     assert meta["tokenizer"] == tokenizer and meta["dtype"] == "uint16" and meta["name"] == "tiny"
     assert len(meta["source_sha256"]) == 64
     assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train.bin", "val.bin"]
@@ -236,6 +247,18 @@ def test_write_documents_eot_budget_and_split(tmp_path):
     assert meta["vocab_size"] == 50257 and meta["tokenizer"] == "gpt2"
 
 
+def test_write_documents_byte_puts_256_before_each_document(tmp_path):
+    docs = DOCS + ["Ünïcödé — 你好 🙂"]
+    stream = [t for d in docs for t in [256] + list(d.encode("utf-8"))]
+    prepare_data.write_documents(iter(docs), tmp_path / "b", num_tokens=10**6, val_tokens=9, processes=2,
+                                 tokenizer="byte")
+    meta, train, val = read_set(tmp_path / "b")
+    assert val.tolist() + train.tolist() == stream
+    assert (meta["tokenizer"], meta["vocab_size"]) == ("byte", 257)
+    fingerprint = hashlib.sha256(b"".join(hashlib.sha256(d.encode()).digest() for d in docs))
+    assert meta["source_sha256"] == fingerprint.hexdigest()   # the same fingerprint as the gpt2 path's
+
+
 def test_write_documents_too_few_tokens(tmp_path):
     with pytest.raises(SystemExit) as e:
         prepare_data.write_documents(["tiny"], tmp_path / "o", num_tokens=100, val_tokens=50, processes=1)
@@ -263,12 +286,14 @@ def fake_datasets(load_dataset):
     return types.SimpleNamespace(load_dataset=load_dataset)
 
 
-def test_fineweb_download_failure(tmp_path, monkeypatch):
+@pytest.mark.parametrize("tokenizer", ["gpt2", "byte"])
+def test_fineweb_download_failure(tmp_path, monkeypatch, tokenizer):
     def offline(*args, **kwargs):
         raise ConnectionError("Couldn't reach huggingface.co\nmore detail")
     monkeypatch.setitem(sys.modules, "datasets", fake_datasets(offline))
     with pytest.raises(SystemExit) as e:
-        prepare_data.main(["fineweb_edu", "--num_tokens", "1000", "--processes", "1", "--out_dir", str(tmp_path / "fw")])
+        prepare_data.main(["fineweb_edu", "--num_tokens", "1000", "--processes", "1", "--tokenizer", tokenizer,
+                           "--out_dir", str(tmp_path / "fw")])
     assert "could not download FineWeb-Edu" in error_of(e) and "prepare_data.py text" in error_of(e)
     assert list((tmp_path / "fw").iterdir()) == []
 
@@ -331,6 +356,31 @@ def test_fineweb_from_local_shards_offline_decodes_to_the_documents(tmp_path, mo
     assert val.tolist() + train.tolist() == stream_of(docs[:10])[:300]
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_fineweb_local_shards_byte_tokenizer(tmp_path, monkeypatch, capsys, fmt):
+    pytest.importorskip("datasets")
+    docs = [f"Document {i}: " + TEXT[i * 7:i * 7 + 50 + i] for i in range(40)]   # non-ASCII too
+    shards = write_shards(tmp_path, fmt, docs)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    out = tmp_path / "fw"
+    args = ["fineweb_edu", "--data_files", str(shards / f"*.{fmt}"), "--num_tokens", "1e6", "--val_tokens", "100",
+            "--num_proc", "2", "--out_dir", str(out)]
+    prepare_data.main(args)   # gpt2 first: its folder must not be reused for the byte request
+    capsys.readouterr()
+    prepare_data.main([*args, "--tokenizer", "byte"])
+    assert "already prepared" not in capsys.readouterr().out
+    meta, train, val = read_set(out)
+    assert (meta["tokenizer"], meta["vocab_size"]) == ("byte", 257)
+    ids = val.tolist() + train.tolist()
+    assert ids == [t for d in docs for t in [256] + list(d.encode("utf-8"))]   # shards in order
+    assert tokens.get_tokenizer(tokens.load_meta(out))[1](ids) == "".join(docs)
+    assert len(val) == meta["val_tokens"] == 100 and meta["train_tokens"] == len(train)
+    prepare_data.main([*args, "--tokenizer", "byte"])
+    assert "already prepared" in capsys.readouterr().out
+    prepare_data.main(args)   # and back: the byte set is not taken for a gpt2 one
+    assert "already prepared" not in capsys.readouterr().out and read_set(out)[0]["tokenizer"] == "gpt2"
+
+
 def test_fineweb_local_shards_errors_are_one_line(tmp_path):
     with pytest.raises(SystemExit) as e:
         prepare_data.main(["fineweb_edu", "--data_files", str(tmp_path / "none" / "*.parquet"), "--out_dir", str(tmp_path / "fw")])
@@ -385,8 +435,9 @@ def test_a_dataset_is_prepared_where_train_py_looks_for_it(tmp_path, monkeypatch
     ({"chars": None}, "has no 'chars' string of vocab_size=3 distinct characters (chars: NoneType)"),
     ({"chars": "abcd"}, "(chars: str of 4)"),
     ({"chars": "aab"}, "distinct characters"),
-    ({"tokenizer": "bpe"}, "names tokenizer 'bpe', not 'char' or 'gpt2'"),
+    ({"tokenizer": "bpe"}, "names tokenizer 'bpe', not 'char', 'gpt2' or 'byte'"),
     ({"tokenizer": "gpt2"}, "has vocab_size=3 for GPT-2's BPE, which has 50257"),
+    ({"tokenizer": "byte", "vocab_size": 50257}, "has vocab_size=50257 for the byte tokenizer, which has 257"),
 ])
 def test_meta_json_values_are_checked_in_one_sentence(tmp_path, change, words):
     meta = {"tokenizer": "char", "vocab_size": 3, "chars": "abc", **change}
