@@ -133,6 +133,9 @@ def model_config(cfg, argv=()):
                           "model without data")
     else:
         vocab = cfg["vocab_size"]
+        if argv and "vocab_size" not in given:   # a config's own dataset, not prepared: say what is timed
+            print(f"note: {meta_path} not found: timing vocab_size={vocab} (prepare the dataset, "
+                  "or give --vocab_size)", file=sys.stderr)
     try:
         return GPTConfig(**{**{f.name: cfg[f.name] for f in fields(GPTConfig)},
                             "vocab_size": vocab})
