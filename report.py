@@ -270,7 +270,8 @@ def size_lr_lines(rows):
     lrs = sorted(("1e-3", *SIZE_LRS), key=float)
     lines = ["", "### Learning rate at the smallest and the largest size", "",
              "Mean validation loss at the 1x budget over the seeds run; **bold**: the family's "
-             "best, (edge) when no larger or smaller rate was run beside it. Tuned: unified at its best rate minus the baseline at its best, paired by "
+             "best, (edge) when no larger or smaller rate was run beside it. Tuned: unified at its "
+             "best rate minus the baseline at its best, paired by "
              "seed (the lr grid swept 4x128).", "",
              "| size | family | " + " | ".join(lrs) + " | tuned gap | 95% CI | verdict |",
              "|---" * (len(lrs) + 5) + "|"]
