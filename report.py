@@ -218,8 +218,8 @@ def scaling_lines(rows):
     lines = ["## Compute efficiency, scaling and training length", "",
              f"Each size trains at {', '.join(BUDGETS)} x its budget (1x: a fixed "
              f"{TPP_1X:.3f} tokens per non-embedding parameter; a complete schedule each); the "
-             "baseline's loss is fitted as L(C) = E + A C^-alpha over those budgets (means over the "
-             "variant's seeds). Gap: the variant minus the baseline at the same budget, seed by "
+             "baseline's loss is fitted as L(C) = E + A C^-alpha over those budgets (means over "
+             "the variant's seeds). Gap: the variant minus the baseline at the same budget, seed by "
              "seed, with its 95% interval and verdict. Factor: the budget at which the fitted "
              "baseline reaches the variant's loss, over the budget the variant used (the paper: "
              "1.22-1.25x); beyond 2x it is extrapolated. Per-seed factors fit each seed's own "
