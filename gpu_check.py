@@ -16,7 +16,8 @@ Check a machine with a CUDA GPU in one command (under 5 minutes on one GPU), a v
 5. resume moe:  the same for moe_unified_124m (grouped GEMM)
 
 With --device=cpu the same functions run with the CPU's SETTINGS (below), in under 10 minutes
-on 2 cores: compile through inductor's CPU backend (1 layer); speed at micro-batch 1 x 256
+on 2 cores, in bf16 autocast where the CPU has bf16 in hardware and in float32 where it does not
+(rehearsal_dtype): compile through inductor's CPU backend (1 layer); speed at micro-batch 1 x 256
 tokens, without MFU (a CPU has no known peak) or memory; each resume under torchrun with 2 gloo
 processes at the 124M models' real width and depth, 6 steps resumed from step 4; the CUDA tests
 run, skip, and are reported as SKIP with pytest's reason. Its figures say nothing about a GPU:
@@ -44,23 +45,26 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 
 # What each device runs: the same checks at sizes that fit it. The GPU's are one GPU's
 # micro-batch. The CPU's keep every code path (in the resume runs the 124M models' real width and
-# depth, bf16 autocast as on a GPU, and torchrun with two processes) and shrink the tokens; its
-# speed line runs eager: a 12-layer model compiles for minutes on a CPU, and line 2 compiled both.
+# depth, and torchrun with two processes) and shrink the tokens; its speed line runs eager: a
+# 12-layer model compiles for minutes on a CPU, and line 2 compiled both. Its dtype (None here)
+# is rehearsal_dtype()'s: bf16 autocast as on a GPU where the CPU has bf16 in hardware.
 SETTINGS = {
     "cuda": {
+        "dtype": "bfloat16",
         "compile": ["--n_layer=2", "--n_embd=256", "--n_head=4", "--block_size=256"],
         "compile_batch": 4,
-        "speed": ["--dtype=bfloat16", "--compile=True", "--steps=10", "--warmup=3", "--rounds=2"],
+        "speed": ["--compile=True", "--steps=10", "--warmup=3", "--rounds=2"],
         "resume": ["--batch_size=8", "--gradient_accumulation_steps=1", "--warmup_iters=5",
                    "--eval_interval=10", "--eval_iters=5", "--keep_checkpoints=5"],
         "nproc": 1, "iters": 30, "resume_at": 20,
     },
     "cpu": {
+        "dtype": None,
         "compile": ["--n_layer=1", "--n_embd=64", "--n_head=2", "--block_size=64"],
         "compile_batch": 2,
-        "speed": ["--device=cpu", "--batch_size=1", "--block_size=256", "--dtype=bfloat16",
-                  "--compile=False", "--steps=2", "--warmup=1", "--rounds=1"],
-        "resume": ["--device=cpu", "--dtype=bfloat16", "--batch_size=1", "--block_size=64",
+        "speed": ["--device=cpu", "--batch_size=1", "--block_size=256", "--compile=False",
+                  "--steps=2", "--warmup=1", "--rounds=1"],
+        "resume": ["--device=cpu", "--batch_size=1", "--block_size=64",
                    "--gradient_accumulation_steps=2", "--warmup_iters=2", "--eval_interval=4",
                    "--eval_iters=2", "--keep_checkpoints=2"],
         "nproc": 2, "iters": 6, "resume_at": 4,
@@ -68,6 +72,24 @@ SETTINGS = {
 }
 # every resume run: GPT-2 BPE Tiny Shakespeare, a record per step, eager (compile is line 2's)
 RESUME_ARGS = ["--dataset=shakespeare", "--log_interval=1", "--compile=False"]
+
+
+def rehearsal_dtype():
+    """bf16 autocast where the CPU computes bf16 in hardware (AVX512-BF16 or AMX), as a GPU runs;
+    float32 elsewhere. On an AVX2-only CPU bf16 matmuls are emulated, 3-5x slower than float32:
+    one 124M step of the rehearsal took 20 s and its speed line ran past 10 minutes. (The bf16
+    autocast tests in tests/ use tiny models and run on every CPU.)"""
+    import torch
+    native = [getattr(torch.cpu, f"_is_{k}_supported", lambda: False)()
+              for k in ("avx512_bf16", "amx_tile")]
+    return "bfloat16" if any(native) else "float32"
+
+
+def settings_for(device):
+    """SETTINGS[device] with its dtype decided."""
+    settings = dict(SETTINGS[device])
+    settings["dtype"] = settings["dtype"] or rehearsal_dtype()
+    return settings
 
 
 def run(cmd, cwd=ROOT, timeout=600):
@@ -169,7 +191,8 @@ def speed_figures(row):
 
 def check_speed(settings):
     rc, out = run([sys.executable, "bench.py", "config/baseline_124m.py",
-                   "--compare=config/unified_124m.py", "--interleave=True", *settings["speed"]])
+                   "--compare=config/unified_124m.py", "--interleave=True", *settings["speed"],
+                   f"--dtype={settings['dtype']}"])
     table = parse_table(out)
     if rc != 0 or len(table) != 2:
         return False, f"bench.py failed: {last_line(out)}"
@@ -226,7 +249,8 @@ def check_resume(config, workdir, settings, launcher=None, extra=()):
     name = os.path.basename(config).removesuffix(".py")
     ref, res = os.path.join(workdir, name, "reference"), os.path.join(workdir, name, "resumed")
     cmd = [*launcher, os.path.join(ROOT, "train.py"), os.path.join(ROOT, config), *RESUME_ARGS,
-           *settings["resume"], f"--max_iters={iters}", f"--lr_decay_iters={iters}", *extra]
+           *settings["resume"], f"--dtype={settings['dtype']}", f"--max_iters={iters}",
+           f"--lr_decay_iters={iters}", *extra]
     t0 = time.time()
     try:
         rc, out = run([*cmd, f"--out_dir={ref}"], cwd=workdir)
@@ -257,7 +281,7 @@ def prepare_shakespeare(workdir):
 def checks(workdir, device="cuda"):
     """(name, function) of every check, in order; a function returns (ok, detail), ok True,
     False, or None for a check skipped."""
-    settings = SETTINGS[device]
+    settings = settings_for(device)
 
     def resume(name):
         return lambda: check_resume(f"config/{name}.py", workdir, settings)
@@ -274,8 +298,10 @@ def first_line(device):
     if device == "cuda":
         return (f"gpu_check on {torch.cuda.get_device_name()} ({torch.cuda.device_count()} GPUs), "
                 f"torch {torch.__version__}, CUDA {torch.version.cuda}")
+    dtype = settings_for("cpu")["dtype"]
     return (f"gpu_check rehearsed on cpu ({os.cpu_count()} cores), torch {torch.__version__}, "
-            f"CUDA {torch.version.cuda or 'none'}: reduced sizes; its figures say nothing of a GPU")
+            f"CUDA {torch.version.cuda or 'none'}: reduced sizes, {dtype}; its figures say "
+            "nothing of a GPU")
 
 
 def run_checks(device):

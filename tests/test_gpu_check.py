@@ -20,6 +20,17 @@ def test_gpu_check_lists_its_checks_for_every_device():
     assert cpu["nproc"] == 2 and 0 < cpu["resume_at"] < cpu["iters"]   # two gloo processes
 
 
+@pytest.mark.parametrize("bf16, amx, dtype", [(True, False, "bfloat16"), (False, True, "bfloat16"),
+                                               (False, False, "float32")])
+def test_the_cpu_rehearsal_runs_bf16_only_where_the_cpu_has_it(bf16, amx, dtype, monkeypatch):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    assert gpu_check.settings_for("cpu")["dtype"] == dtype
+    assert gpu_check.settings_for("cuda")["dtype"] == "bfloat16"   # a GPU's is fixed
+    assert gpu_check.SETTINGS["cpu"]["dtype"] is None                # the table is not changed
+    assert f"reduced sizes, {dtype};" in gpu_check.first_line("cpu")
+
+
 def test_gpu_check_compare_after_is_bit_exact_or_fails():
     def recs(losses, val):
         train = [{"iter": i, "loss": x, "lr": 1e-3, "grad_norm": 1.0}
@@ -81,7 +92,7 @@ def test_gpu_check_resume_check_on_cpu(workdir, monkeypatch):
     tiny = ["--dataset=tiny", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16",
             "--batch_size=4", "--gradient_accumulation_steps=1", "--vocab_pad=1", "--eval_iters=2"]
     ok, detail = gpu_check.check_resume("config/baseline_char.py", str(workdir),
-                                        gpu_check.SETTINGS["cpu"], [sys.executable], tiny)
+                                        gpu_check.settings_for("cpu"), [sys.executable], tiny)
     assert ok and "bit-exact" in detail, detail
     assert not (workdir / "baseline_char").exists()   # its checkpoints are removed after
 
