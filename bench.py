@@ -34,6 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from configurator import TRAIN_RULES, ConfigError, at_least, check_device, configure, one_of
+from kernels import retain_freed_memory
 from model import GPT, GPTConfig, default_device, peak_flops
 from train_defaults import DEFAULTS
 
@@ -145,6 +146,8 @@ def model_config(cfg, argv=()):
 def build(cfg):
     """The configured model and a function that runs one training step on it (synchronized)."""
     device = cfg["device"] or default_device()
+    if device == "cpu":
+        retain_freed_memory()   # as train.py
     dtype = cfg["dtype"] or ("bfloat16" if device.startswith("cuda") else "float32")
     gcfg = model_config(cfg)
     vocab = gcfg.vocab_size

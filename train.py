@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import checkpoint
 from configurator import TRAIN_RULES, ConfigError, check_device, configure
+from kernels import retain_freed_memory   # not `import kernels`: a config key has that name
 from model import GPT, GPTConfig, default_device, optimizer_step, peak_flops
 from tokens import dataset_dir, load_meta, vocabulary
 from train_defaults import DEFAULTS
@@ -71,6 +72,8 @@ if gradient_accumulation_steps % world_size:
              "(it counts micro-steps over all of them): set it to a multiple of the process count")
 accum = gradient_accumulation_steps // world_size   # micro-steps per process
 device_type = torch.device(device).type
+if device_type == "cpu":
+    retain_freed_memory()   # each step reuses the last step's pages: no page faults (kernels.py)
 dtype = dtype or ("bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32")
 autocast = torch.autocast(device_type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
 torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True

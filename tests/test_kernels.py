@@ -192,3 +192,46 @@ def test_cross_entropy_equals_torch_and_its_gradient_is_exact(rows):
     logits, targets = rand(7, 11), torch.tensor([3, -1, 0, 10, 5, -1, 2])
     torch.testing.assert_close(cross_entropy(logits, targets, rows), F.cross_entropy(logits, targets, ignore_index=-1))
     assert torch.autograd.gradcheck(lambda x: cross_entropy(x, targets, rows), (logits,))
+
+
+
+FAULTS = """
+import resource, sys, torch, kernels
+from model import GPT, GPTConfig
+if sys.argv[1] == "retain":
+    assert kernels.retain_freed_memory()
+torch.manual_seed(0)
+cfg = GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=64, vocab_size=65, vocab_pad=1,
+                sv_hetero=True, sv_placement="dnp", sv_reparam="or")   # the CPU recipe's unified
+model = GPT(cfg)
+opt = torch.optim.AdamW(model.parameters())
+x = torch.randint(0, 65, (12, 64))
+def step():
+    model(x, x)[1].backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(3):
+    step()
+before = faults()
+for _ in range(5):
+    step()
+print((faults() - before) / 5)
+"""
+
+
+@pytest.mark.slow   # two subprocesses: the allocator's setting is process-wide
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="glibc's mallopt")
+def test_retain_freed_memory_ends_the_page_faults_of_repeated_steps():
+    """Training steps of the CPU recipe's unified model: by default glibc returns the freed
+    activation buffers to the OS and each step faults their pages in again (4,611 per step when
+    measured for BENCHMARKS.md); with retain_freed_memory() the next step reuses them."""
+    import subprocess
+    import sys
+    from conftest import ROOT
+    per_step = {mode: float(subprocess.run([sys.executable, "-c", FAULTS, mode], cwd=ROOT,
+                                           capture_output=True, text=True, check=True).stdout)
+                for mode in ("default", "retain")}
+    # measured: default 2,900-4,900 per step, retained 2-270 (the rest: other processes' pressure)
+    assert per_step["default"] > 1000 and per_step["retain"] < per_step["default"] / 5, per_step
