@@ -32,8 +32,8 @@ import kernels
 
 
 # ---- the operations: plain definitions; fast=True runs kernels.py's version (same values, less
-# memory). `fast` is always passed: every module reads it from GPTConfig.kernels, so no module can bypass
-# kernels=False by a default.
+# memory). `fast` is always passed: every module reads it from GPTConfig.kernels, so no module can
+# bypass kernels=False by a default.
 
 def norm(x, eps, fast):
     """Norm(x) = x / sqrt(mean(x^2) + eps) over the last dimension, no parameter."""
@@ -147,7 +147,8 @@ DECAY_POLICIES = {
 # The named variants of the paper (config/<name>_char.py, config/<name>_124m.py and the rows of
 # reproduce.py's grids): GPTConfig flags plus train.py's sv_weight_decay.
 # tests/test_variant_tables.py checks every config file and grid row against this list.
-UNIFIED = dict(sv_hetero=True, sv_placement="dnp", sv_reparam="or", sv_weight_decay="iwd")  # paper 4
+UNIFIED = dict(sv_hetero=True, sv_placement="dnp", sv_reparam="or",   # paper 4
+               sv_weight_decay="iwd")
 GEMMA = dict(qk_norm=True, post_norm=True)
 VARIANTS = {
     "baseline": {},
@@ -187,7 +188,7 @@ def check_placement(name, p):
 @dataclass
 class GPTConfig:
     block_size: int = 1024
-    vocab_size: int = 50257      # the tokenizer's; the embedding is padded to a multiple of vocab_pad
+    vocab_size: int = 50257      # the tokenizer's; the embedding is padded to vocab_pad
     vocab_pad: int = 64          # rows rounded up for fast matmuls; padded ids are never sampled
     n_layer: int = 12
     n_head: int = 12
@@ -260,7 +261,8 @@ class GPTConfig:
               f"not {self.n_experts_active}")
         check(self.n_shared_experts >= 0,
               f"n_shared_experts must be >= 0, not {self.n_shared_experts}")
-        check(self.moe_hidden >= 0, f"moe_hidden must be >= 0 (0: automatic), not {self.moe_hidden}")
+        check(self.moe_hidden >= 0,
+              f"moe_hidden must be >= 0 (0: automatic), not {self.moe_hidden}")
         check(0 <= self.moe_dense_layers < self.n_layer,
               f"moe_dense_layers must be between 0 and n_layer-1={self.n_layer - 1} "
               f"(some layer must be MoE), not {self.moe_dense_layers}")
@@ -301,7 +303,8 @@ class ScaleVector(nn.Module):
         for name, (shape, init) in REPARAMS[self.reparam].params.items():
             value = init(cfg.norm_eps) if callable(init) else init
             raw = torch.full((rows, 1 if shape == "scalar" else d), float(value))
-            if shape == "direction" and d == 1:   # one entry has no direction: a trained one is inert
+            # one entry has no direction: a trained one would be inert
+            if shape == "direction" and d == 1:
                 self.register_buffer(name, raw)
             else:
                 self.register_parameter(name, nn.Parameter(raw))
@@ -353,12 +356,12 @@ class ScaledLinear(nn.Module):
         g_in = self.g_in() if self.g_in is not None else g_in
         g_out = self.g_out() if self.placement.g_out == "input" else None
         if g_out is None and (g_in is None or len(g_in) == 1):
-            return W if g_in is None else W * g_in          # one shared vector: W diag(g), paper 2.2
-        Wb = W.reshape(self.n_blocks, -1, W.size(-1))       # (blocks, rows, d_in): one per branch
+            return W if g_in is None else W * g_in      # one shared vector: W diag(g), paper 2.2
+        Wb = W.reshape(self.n_blocks, -1, W.size(-1))   # (blocks, rows, d_in): one per branch
         if g_in is not None:
-            Wb = Wb * g_in.unsqueeze(1)                     # paper 3.1, HG: W_i diag(g_i), branch i
+            Wb = Wb * g_in.unsqueeze(1)                 # paper 3.1, HG: W_i diag(g_i), branch i
         if g_out is not None:
-            Wb = Wb * g_out.unsqueeze(2)                    # paper 3.2, DP: diag(g_out) W diag(g_in)
+            Wb = Wb * g_out.unsqueeze(2)                # paper 3.2, DP: diag(g_out) W diag(g_in)
         return Wb.view_as(W)
 
     def forward(self, xn, g_in=None):
@@ -375,7 +378,8 @@ class ScaledLinear(nn.Module):
         if self.g_out is None:   # dnp_novec: the Norm alone
             return norm(groups, self.eps, self.fast).flatten(-3)
         # g_out (experts * blocks, width) -> (experts, blocks, 1 or groups, width <= group)
-        g = self.g_out().view(self.n_expert or 1, self.n_split, -1, min(self.g_out_width, self.group))
+        width = min(self.g_out_width, self.group)
+        g = self.g_out().view(self.n_expert or 1, self.n_split, -1, width)
         g = g[0 if expert is None else expert]
         return scaled_norm(groups, g, self.eps, self.fast).flatten(-3)
 
@@ -434,7 +438,8 @@ class Attention(nn.Module):
         if self.qk_norm:
             qk = torch.stack((self.q_norm(qk[:, :, 0]), self.k_norm(qk[:, :, 1])), dim=2)
         q, k = apply_rope(qk, rope).unbind(2)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.squeeze(2).transpose(1, 2)   # (B, H, T, hd)
+        # (B, H, T, hd) each
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.squeeze(2).transpose(1, 2)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
@@ -472,7 +477,8 @@ class MoE(nn.Module):
         self.experts = ScaledLinear(d, 2 * h, cfg, branches=("gate", "up"), n_expert=E, own_g_in=hg)
         # (E, d, h); writes into the residual stream (GPT._init_weights)
         self.down = nn.Parameter(torch.empty(E, d, h))
-        self.shared = SwiGLU(cfg, cfg.n_shared_experts * h, own_g_in=hg) if cfg.n_shared_experts else None
+        shared = cfg.n_shared_experts
+        self.shared = SwiGLU(cfg, shared * h, own_g_in=hg) if shared else None
         self.register_buffer("expert_bias", torch.zeros(E))   # checkpointed with the weights
         # assignments per expert since the last update: not a buffer, DDP would overwrite it with
         # rank 0's
@@ -525,7 +531,8 @@ class MoE(nn.Module):
             mm = lambda a, w: torch._grouped_mm(a.to(dt), w.to(dt).transpose(-2, -1), offs=offs)
             return mm(swiglu(self.experts.output_side(mm(xs, W), expert), self.fast), self.down)
         y = []                  # an expert with no token runs on an empty slice
-        for e, (xe, We, De) in enumerate(zip(xs.split(counts.tolist()), W.unbind(), self.down.unbind())):
+        parts = zip(xs.split(counts.tolist()), W.unbind(), self.down.unbind())
+        for e, (xe, We, De) in enumerate(parts):
             h = swiglu(self.experts.output_side(F.linear(xe, We), e), self.fast)
             y.append(F.linear(h, De))
         return torch.cat(y)
@@ -575,7 +582,8 @@ class Block(nn.Module):
             self.attn_post, self.mlp_post = OutputNorm(cfg.n_embd, cfg), OutputNorm(cfg.n_embd, cfg)
 
     def forward(self, x, rope):
-        # Pre-Norm: x + Branch(g * Norm(x)); Norm(x) is computed once, g lives in the branch's weights
+        # Pre-Norm: x + Branch(g * Norm(x)); Norm(x) is computed once, g lives in the branch's
+        # weights
         h = self.attn(norm(x, self.eps, self.fast), rope)
         x = x + (self.attn_post(h) if self.post_norm else h)
         h = self.mlp(norm(x, self.eps, self.fast))
@@ -584,7 +592,8 @@ class Block(nn.Module):
 
 # GPT-2 / nanoGPT: the maps that write into the residual stream, attention's output projection and
 # the FFN's down projection (the experts' stacked ones too), start at std 0.02 / sqrt(2 * n_layer),
-# so that the stream's variance does not grow with depth; every other matrix and the embedding at 0.02
+# so that the stream's variance does not grow with depth; every other matrix and the embedding at
+# 0.02
 RESIDUAL_WRITERS = ("attn.proj.weight", ".down.weight", "mlp.down")
 
 
@@ -595,10 +604,10 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(cfg.padded_vocab, cfg.n_embd)
         self.blocks = nn.ModuleList(Block(cfg, cfg.n_experts > 0 and i >= cfg.moe_dense_layers)
                                     for i in range(cfg.n_layer))
-        # logits = W_head(g_final * Norm(x)). g_final is an Input-Norm vector like g_attn, so the head
-        # is a ScaledLinear: fold_scale_vectors and the decay audit treat it as every other map. The
-        # head has far more rows (the vocabulary) than a micro-batch has tokens, so g_final scales
-        # the activations instead of W
+        # logits = W_head(g_final * Norm(x)). g_final is an Input-Norm vector like g_attn, so the
+        # head is a ScaledLinear: fold_scale_vectors and the decay audit treat it as every other
+        # map. The head has far more rows (the vocabulary) than a micro-batch has tokens, so
+        # g_final scales the activations instead of W
         self.head = ScaledLinear(cfg.n_embd, cfg.padded_vocab, cfg, dual=False, own_g_in=False)
         self.g_final = ScaleVector(1, cfg.n_embd, "input", cfg) if cfg.scale_vectors else None
         if cfg.tie_embeddings:
@@ -693,7 +702,8 @@ class GPT(nn.Module):
                                "weight_decay": wd if toward == 0 else 0.0})
                 if toward != 0:   # not AdamW's decay: optimizer_step applies it
                     groups[-1].update(decay=wd, toward=toward)
-        grouped = [id(p) for g in groups for p in g["params"]]   # every parameter in exactly one group
+        # every parameter in exactly one group
+        grouped = [id(p) for g in groups for p in g["params"]]
         if len(grouped) != len(set(grouped)) or set(grouped) != {id(p) for p in self.parameters()}:
             raise RuntimeError(
                 "optimizer groups do not cover every parameter exactly once: fix GPT.param_classes")
@@ -753,7 +763,8 @@ class GPT(nn.Module):
         plain_cfg = replace(c, scale_vectors=False, sv_hetero=False, sv_placement="pre",
                             sv_reparam="none", sv_dnp_width="full",
                             tie_embeddings=c.tie_embeddings and not c.scale_vectors)
-        with torch.device("meta"):   # no memory and no random draws: every weight comes from `state`
+        # no memory and no random draws: every weight comes from `state`
+        with torch.device("meta"):
             plain = GPT(plain_cfg)
         plain.to_empty(device=self.wte.weight.device).to(self.wte.weight.dtype)
         if plain_cfg.tie_embeddings:   # to_empty gives the tied head a tensor of its own
@@ -765,7 +776,8 @@ class GPT(nn.Module):
 
     def update_expert_bias(self, reduce=None):
         """Call after each optimizer step: every MoE layer's update_bias. `reduce(t)` sums t over
-        processes in place (dist.all_reduce under DDP), so that every process keeps the same bias."""
+        processes in place (dist.all_reduce under DDP), so that every process keeps the same
+        bias."""
         for m in self.modules():
             if isinstance(m, MoE):
                 m.update_bias(reduce)
@@ -781,14 +793,17 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def num_active_params(self):
-        """Parameters one token uses: all but the E - k routed experts it skips in each MoE layer."""
+        """Parameters one token uses: all but the E - k routed experts it skips in each MoE
+        layer."""
         c = self.config
         experts = sum(p.numel() for m in self.modules() if isinstance(m, MoE)
                       for p in (*m.experts.parameters(), m.down))
-        return self.num_params() - experts * (c.n_experts - c.n_experts_active) // max(c.n_experts, 1)
+        skipped = experts * (c.n_experts - c.n_experts_active) // max(c.n_experts, 1)
+        return self.num_params() - skipped
 
     def flops_per_token(self):
-        """Training FLOPs per token: 6 per weight used in a matmul, plus attention (PaLM, appendix B)."""
+        """Training FLOPs per token: 6 per weight used in a matmul, plus attention (PaLM,
+        appendix B)."""
         c = self.config
         n = self.num_active_params() - (0 if c.tie_embeddings else self.wte.weight.numel())
         return 6 * n + 12 * c.n_layer * c.n_embd * c.block_size
@@ -815,9 +830,9 @@ class GPT(nn.Module):
 @torch.no_grad()
 def optimizer_step(optimizers):
     """One training step: every optimizer's step, then the decay of a policy whose target is not 0
-    (DECAY_POLICIES; the groups that carry `toward`), p -= lr * decay * (p - toward), then zero_grad.
-    train.py calls this and nothing else between backward and the next forward, so no hook can be
-    forgotten or run after the gradients are gone."""
+    (DECAY_POLICIES; the groups that carry `toward`), p -= lr * decay * (p - toward), then
+    zero_grad. train.py calls this and nothing else between backward and the next forward, so no
+    hook can be forgotten or run after the gradients are gone."""
     for opt in optimizers:
         opt.step()
         for group in opt.param_groups:
@@ -829,7 +844,9 @@ def optimizer_step(optimizers):
 
 def default_device():
     """cuda, then mps, then cpu: what train.py, sample.py and bench.py use unless told otherwise."""
-    return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    return "mps" if torch.backends.mps.is_available() else "cpu"
 
 
 # Peak dense bf16 FLOP/s (no sparsity) of common GPUs, for MFU. Their TF32 peak, which float32 runs
