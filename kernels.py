@@ -1,40 +1,44 @@
 """
-Fast versions of four operations of model.py, as autograd functions with the backward written out.
-model.py holds the plain PyTorch definition of each (the math, and the oracle of tests/test_kernels.py)
-and uses these by default; GPTConfig(kernels=False) trains on the plain definitions alone.
+Fast versions of four operations of model.py, as autograd functions with the backward written
+out. model.py holds the plain PyTorch definition of each (the math, and the oracle of
+tests/test_kernels.py) and uses these by default; GPTConfig(kernels=False) trains on the plain
+definitions alone.
 
-Each function computes the same values as its plain definition; the backward is written by hand to keep
-fewer activations for it, or to run fewer full-size passes than autograd's chain of small operations:
+Each function computes the same values as its plain definition; the backward is written by hand
+to keep fewer activations for it, or to run fewer full-size passes than autograd's chain of small
+operations:
 
   norm(x)            y = Norm(x) = x * r,  r = 1 / sqrt(mean(x^2) + eps) over the last dimension
                      dx = r * (dy - y * mean(dy * y))
-                     Autograd's F.rms_norm backward is a chain of small ops, about twice as slow on a CPU.
-                     The statistic reads x once through vector_norm, accumulated and kept in
-                     float32 as in the plain definition (dtype=float32: a bf16 result would round
-                     r to 8 bits, one error for a whole row); a bf16 x.pow(2).mean() is many times
-                     slower on a CPU.
+                     Autograd's F.rms_norm backward is a chain of small ops, about twice as slow
+                     on a CPU. The statistic reads x once through vector_norm, accumulated and
+                     kept in float32 as in the plain definition (dtype=float32: a bf16 result
+                     would round r to 8 bits, one error for a whole row); a bf16
+                     x.pow(2).mean() is many times slower on a CPU.
 
   scaled_norm(y, g)  out = g * Norm(y)  (DNP's g_out, paper 3.2), g broadcast over y's leading dims
                      with n = out / g and dn = dout * g:
                      dg = sum(dout * n),  dy = r * (dn - n * mean(dn * n))
                      with mean(dn * n) = mean(dout * out). Backward: 4 full-size passes, 2
                      reductions, 2 full-size buffers (n reuses the buffer of dout * out).
-                     It keeps only its output, which the next operation keeps anyway (attention keeps v,
-                     a view of the same qkv tensor; SwiGLU keeps gate|up), and recovers Norm(y) = out / g
-                     in the backward, as In-Place ABN does (Rota Bulo et al., 2018): DNP then adds one
-                     float per token and group to the saved activations (tests/test_kernels.py counts them
-                     exactly). 124M on CPU, bf16, batch 2x1024, interleaved in one process: the unified
-                     strategy's step time went from 1.47-1.67x to 1.01-1.06x the baseline's (commit 52b2263).
+                     It keeps only its output, which the next operation keeps anyway (attention
+                     keeps v, a view of the same qkv tensor; SwiGLU keeps gate|up), and recovers
+                     Norm(y) = out / g in the backward, as In-Place ABN does (Rota Bulo et al.,
+                     2018): DNP then adds one float per token and group to the saved activations
+                     (tests/test_kernels.py counts them exactly). 124M on CPU, bf16, batch
+                     2x1024, interleaved in one process: the unified strategy's step time went
+                     from 1.47-1.67x to 1.01-1.06x the baseline's (commit 52b2263).
 
   swiglu(gate|up)    h = silu(gate) * up;  dgate = dh * up * silu'(gate),  dup = dh * silu(gate)
                      It keeps only gate|up; autograd would keep gate, silu(gate) and up.
 
   cross_entropy      mean over rows with target >= 0 of lse(logits) - logits[target];
                      dlogits = (softmax(logits) - one_hot(target)) / n_valid
-                     In float32, one chunk of rows at a time; it keeps only the logits and one log-sum-exp
-                     per row, where F.cross_entropy(logits.float()) keeps two float32 copies of them
-                     (0.4 GB each for 2048 tokens of a 50k vocabulary). 124M on CPU, bf16, batch 2x1024:
-                     peak RSS 4,446 -> 3,829 MB, step time about 0.8x (commit 4abb067).
+                     In float32, one chunk of rows at a time; it keeps only the logits and one
+                     log-sum-exp per row, where F.cross_entropy(logits.float()) keeps two float32
+                     copies of them (0.4 GB each for 2048 tokens of a 50k vocabulary). 124M on
+                     CPU, bf16, batch 2x1024: peak RSS 4,446 -> 3,829 MB, step time about 0.8x
+                     (commit 4abb067).
 
 All four compile with torch.compile(fullgraph=True) (tests/test_kernels.py).
 
@@ -57,7 +61,8 @@ def _rms_inverse(x, eps):
 
 
 def _mean(x):
-    """mean over the last dimension, kept: sum / d (a bf16 mean() on a CPU is several times slower than sum())."""
+    """mean over the last dimension, kept: sum / d (a bf16 mean() on a CPU is several times
+    slower than sum())."""
     return x.sum(-1, keepdim=True) / x.size(-1)
 
 
@@ -76,7 +81,8 @@ class _Norm(torch.autograd.Function):
 
 
 class _ScaledNorm(torch.autograd.Function):
-    """(An entry of g that is exactly 0 would lose its gradient; a trained g never lands on exactly 0.)
+    """(An entry of g that is exactly 0 would lose its gradient; a trained g never lands on
+    exactly 0.)
     The small factors r and g are cast to y's dtype so that every full-size operation runs in it
     (bf16 under autocast: half the traffic)."""
 
@@ -96,7 +102,7 @@ class _ScaledNorm(torch.autograd.Function):
         inv_g = 1 / torch.where(g == 0, 1, g)
         d = dout * out
         dg = (d.sum_to_size(g.shape) * inv_g).to(ctx.g_dtype)
-        m = _mean(d)                                                  # mean(dn * n) = mean(dout * out)
+        m = _mean(d)                              # mean(dn * n) = mean(dout * out)
         n = torch.mul(out, inv_g, out=d)
         return torch.mul(dout, g).addcmul_(n, m, value=-1).mul_(r), dg, None
 
@@ -120,19 +126,22 @@ class _CrossEntropy(torch.autograd.Function):
     def forward(ctx, logits, targets, rows):
         valid, t = targets >= 0, targets.clamp(min=0).unsqueeze(1)
         ctx.rows, ctx.acc = rows, torch.promote_types(logits.dtype, torch.float32)
-        lse = torch.cat([torch.logsumexp(chunk.to(ctx.acc), dim=-1) for chunk in logits.split(rows)])
+        lse = torch.cat([torch.logsumexp(chunk.to(ctx.acc), dim=-1)
+                         for chunk in logits.split(rows)])
         ctx.save_for_backward(logits, t, lse, valid)
         return ((lse - logits.gather(1, t).squeeze(1).to(ctx.acc)) * valid).sum() / valid.sum()
 
     @staticmethod
     def backward(ctx, grad_loss):
         logits, t, lse, valid = ctx.saved_tensors
-        scale = valid * grad_loss / valid.sum()   # d loss / d logits = (softmax - one_hot(target)) * scale, row by row
+        # d loss / d logits = (softmax - one_hot(target)) * scale, row by row
+        scale = valid * grad_loss / valid.sum()
         grad = torch.empty_like(logits)
         for s in range(0, len(logits), ctx.rows):
             rows = slice(s, s + ctx.rows)
             p = (logits[rows].to(ctx.acc) - lse[rows, None]).exp_()
-            p.scatter_add_(1, t[rows], torch.full(t[rows].shape, -1.0, dtype=p.dtype, device=p.device))
+            minus_one = torch.full(t[rows].shape, -1.0, dtype=p.dtype, device=p.device)
+            p.scatter_add_(1, t[rows], minus_one)
             grad[rows] = p.mul_(scale[rows, None])
         return grad, None, None
 
@@ -153,9 +162,10 @@ def swiglu(gate_up):
 
 
 def cross_entropy(logits, targets, rows=None):
-    """Mean cross-entropy of logits (N, V) over the targets (N,) that are not -1. Chunks of 2M logits on a
-    CPU: malloc reuses blocks that small, while a fresh large one is page-faulted in on every step (3x slower
-    at 124M); elsewhere chunks of 64M, for few kernel launches."""
+    """Mean cross-entropy of logits (N, V) over the targets (N,) that are not -1. Chunks of 2M
+    logits on a CPU: malloc reuses blocks that small, while a fresh large one is page-faulted in
+    on every step (3x slower at 124M; see also retain_freed_memory); elsewhere chunks of 64M, for
+    few kernel launches."""
     rows = rows or max(1, (2**21 if logits.device.type == "cpu" else 2**26) // logits.size(-1))
     return _CrossEntropy.apply(logits, targets, rows)
 
