@@ -12,8 +12,8 @@ def workdir(tmp_path_factory):
     with open(os.path.join(ROOT, "data", "raw", "tinyshakespeare.txt"), encoding="utf-8") as f:
         (wd / "tiny.txt").write_text(f.read()[:20000], encoding="utf-8")
     import prepare_data
-    prepare_data.main(["text", "--input", str(wd / "tiny.txt"), "--name", "tiny", "--tokenizer", "char",
-                       "--out_dir", str(wd / "data" / "tiny")])
+    prepare_data.main(["text", "--input", str(wd / "tiny.txt"), "--name", "tiny",
+                       "--tokenizer", "char", "--out_dir", str(wd / "data" / "tiny")])
     return wd
 
 

@@ -17,7 +17,7 @@ if ROOT not in sys.path:
 import model as model_py  # noqa: E402
 from model import GPT, GPTConfig, ScaleVector  # noqa: E402
 
-# ---- models ------------------------------------------------------------------------------------------------
+# ---- models -------------------------------------------------------------------------------------
 TINY = dict(block_size=16, vocab_size=50, vocab_pad=8, n_layer=2, n_head=2, n_embd=32)
 MOE = dict(n_experts=4, n_experts_active=2, n_shared_experts=1, moe_hidden=32)
 
@@ -27,8 +27,8 @@ def model_flags(flags):
     return {k: v for k, v in flags.items() if k != "sv_weight_decay"}
 
 
-# model.VARIANTS as models: one name per distinct set of GPTConfig flags (gemma_none, _iwd and _all are
-# one model), plus "moe" and "moe_unified"
+# model.VARIANTS as models: one name per distinct set of GPTConfig flags (gemma_none, _iwd and _all
+# are one model), plus "moe" and "moe_unified"
 VARIANTS = {}
 for _name, _flags in model_py.VARIANTS.items():
     if model_flags(_flags) not in VARIANTS.values():
@@ -49,7 +49,8 @@ def tokens(B=3, T=16, seed=1):
 
 
 def randomize_scale_vectors(model, seed=2):
-    """Move every scale-vector parameter away from its init, so that folding has something to fold."""
+    """Move every scale-vector parameter away from its init, so that folding has something to
+    fold."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for m in model.modules():
@@ -60,9 +61,9 @@ def randomize_scale_vectors(model, seed=2):
 
 def vector_kind(name, placement):
     """DESIGN.md's classes, read off a parameter's name and the placement's table entry (not off
-    ScaleVector.kind): "matrix" (matrices and embeddings), "input" (a vector that folds into a linear
-    map: every g_in, g_final, MoE's g_ffn, an 'input' g_out) or "output" (after a Norm: qk_norm,
-    post_norm, an 'output' g_out)."""
+    ScaleVector.kind): "matrix" (matrices and embeddings), "input" (a vector that folds into a
+    linear map: every g_in, g_final, MoE's g_ffn, an 'input' g_out) or "output" (after a Norm:
+    qk_norm, post_norm, an 'output' g_out)."""
     if not re.search(r"(^|\.)(g_in|g_final|g_out|q_norm|k_norm|attn_post|mlp_post)\.", name):
         return "matrix"
     if ".g_out." in name:
@@ -74,23 +75,24 @@ def vector_kind(name, placement):
 
 
 def expected_decay(name, placement, policy):
-    """Is the parameter decayed? Matrices and embeddings always; a vector as the policy's entry says of
-    its class (DESIGN.md, "Weight decay on scale vectors")."""
+    """Is the parameter decayed? Matrices and embeddings always; a vector as the policy's entry
+    says of its class (DESIGN.md, "Weight decay on scale vectors")."""
     kind = vector_kind(name, placement)
     return kind == "matrix" or f"sv_{kind}" in model_py.DECAY_POLICIES[policy].decays
 
 
-# ---- train.py in a subprocess --------------------------------------------------------------------------------
-TINY_MODEL = ["--dataset=tiny", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=4",
-              "--vocab_pad=1", "--device=cpu", "--log_interval=1", "--eval_iters=2", "--warmup_iters=2",
-              "--learning_rate=3e-3", "--min_lr=3e-4"]
+# ---- train.py in a subprocess -------------------------------------------------------------------
+TINY_MODEL = ["--dataset=tiny", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16",
+              "--batch_size=4", "--vocab_pad=1", "--device=cpu", "--log_interval=1",
+              "--eval_iters=2", "--warmup_iters=2", "--learning_rate=3e-3", "--min_lr=3e-4"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
 def start(wd, *args, launcher=(sys.executable,)):
     """train.py on the tiny model in `wd`, started; finish(p) waits for it."""
     cmd = [*launcher, os.path.join(ROOT, "train.py"), *TINY_MODEL, *args]
-    return subprocess.Popen(cmd, cwd=wd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(cmd, cwd=wd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
 
 
 def finish(p, check=True):

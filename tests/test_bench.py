@@ -1,5 +1,6 @@
 """bench.py runs end to end (its figures are reported, never asserted), and bf16 autocast on a CPU
-trains like float32; gpu_check.py's parsing of bench.py's table (the rest of gpu_check: test_gpu_check.py)."""
+trains like float32; gpu_check.py's parsing of bench.py's table (the rest of gpu_check:
+test_gpu_check.py)."""
 import os
 import shutil
 import subprocess
@@ -14,13 +15,13 @@ from conftest import ROOT
 from helpers import ENV, records, train
 from train_defaults import DEFAULTS
 
-TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=2", "--vocab_size=50",
-        "--vocab_pad=1", "--device=cpu", "--steps=2", "--warmup=1"]
+TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=2",
+        "--vocab_size=50", "--vocab_pad=1", "--device=cpu", "--steps=2", "--warmup=1"]
 
 
 def bench(*args):
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench.py"), *TINY, *args], cwd=ROOT, env=ENV,
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench.py"), *TINY, *args], cwd=ROOT,
+                       env=ENV, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     return p.stdout
 
@@ -36,57 +37,69 @@ def test_bench_prints_every_figure():
 def test_bench_compares_configurations_side_by_side():
     out = bench("--dataset=none", "--rounds=1", "--compare=gpt2,sv_hetero=True+sv_placement=dnp")
     rows = [line for line in out.splitlines() if line.startswith("| ")]
-    assert [r.split("|")[1].strip() for r in rows[1:]] == ["base", "gpt2", "sv_hetero=True+sv_placement=dnp"]
+    assert [r.split("|")[1].strip() for r in rows[1:]] == ["base", "gpt2",
+                                                           "sv_hetero=True+sv_placement=dnp"]
     assert rows[1].split("|")[4].strip() == "1.000"   # the base's ratio to itself
 
 
 @pytest.mark.slow   # a subprocess
 def test_bench_interleaves_configurations_in_one_process():
-    out = bench("--dataset=none", "--rounds=2", "--compare=gpt2,sv_placement=dnp", "--interleave=True")
+    out = bench("--dataset=none", "--rounds=2", "--compare=gpt2,sv_placement=dnp",
+                "--interleave=True")
     rows = [line.split("|") for line in out.splitlines() if line.startswith("| ")][1:]
     assert [r[1].strip() for r in rows] == ["base", "gpt2", "sv_placement=dnp"]
     assert rows[0][4].strip() == "1.000" and all(float(r[3]) > 0 for r in rows)
     table = gpu_check.parse_table(out)   # what the GPU check reads from it
-    assert list(table) == ["base", "gpt2", "sv_placement=dnp"] and table["base"]["x base"] == "1.000"
-    assert table["gpt2"]["MFU"] == table["gpt2"]["step mem (MB)"] == "—"   # MFU against a known peak only, memory on CUDA only
+    assert (list(table) == ["base", "gpt2", "sv_placement=dnp"]
+            and table["base"]["x base"] == "1.000")
+    # MFU against a known peak only, memory on CUDA only
+    assert table["gpt2"]["MFU"] == table["gpt2"]["step mem (MB)"] == "—"
 
 
 @pytest.mark.slow   # a subprocess
 def test_bf16_autocast_on_cpu_trains_like_float32(workdir):
     for dtype in ("float32", "bfloat16"):
-        train(workdir, f"--out_dir=out_{dtype}", "--max_iters=30", "--eval_interval=30", f"--dtype={dtype}")
-    f32, b16 = (records(workdir, f"out_{d}", "eval")[-1]["val_loss"] for d in ("float32", "bfloat16"))
+        train(workdir, f"--out_dir=out_{dtype}", "--max_iters=30", "--eval_interval=30",
+              f"--dtype={dtype}")
+    f32, b16 = (records(workdir, f"out_{d}", "eval")[-1]["val_loss"]
+                for d in ("float32", "bfloat16"))
     first = records(workdir, "out_float32", "eval")[0]["val_loss"]
     assert abs(f32 - b16) < 0.05 * (first - f32), (f32, b16)   # within 5% of the progress made
 
 
 def test_bench_keys_are_train_config_keys_and_ignored_ones_are_refused():
-    assert set(DEFAULTS) <= bench_py.defaults.keys()   # any config file of train.py is one of bench.py too
+    # any config file of train.py is one of bench.py too
+    assert set(DEFAULTS) <= bench_py.defaults.keys()
     assert all(bench_py.defaults[k] == v for k, v in DEFAULTS.items())
     for arg in ["--optimizer=muon", "--gradient_accumulation_steps=4", "--learning_rate=1e-3"]:
         with pytest.raises(ConfigError, match=f"does not use {arg.split('=')[0]}"):
             bench_py.refuse_ignored([arg])
-    bench_py.refuse_ignored(["config/baseline_124m.py", "--batch_size=2", "--sv_hetero=True", "--optimizer=adamw"])
+    bench_py.refuse_ignored(["config/baseline_124m.py", "--batch_size=2", "--sv_hetero=True",
+                             "--optimizer=adamw"])
 
 
 def test_bench_reads_train_keys_as_values_not_source(tmp_path):
-    """An ordinary nanoGPT-style edit, `max_iters = 5 * 1000`, in the one home of train.py's keys: bench.py
-    imports the module (no script parses another's source), so it reads 5000 and its --help works."""
+    """An ordinary nanoGPT-style edit, `max_iters = 5 * 1000`, in the one home of train.py's keys:
+    bench.py imports the module (no script parses another's source), so it reads 5000 and its
+    --help works."""
     for name in os.listdir(ROOT):
         if name.endswith(".py"):
             shutil.copy(os.path.join(ROOT, name), tmp_path / name)
     home = (tmp_path / "train_defaults.py").read_text()
     assert "\nmax_iters = 5000\n" in home
-    (tmp_path / "train_defaults.py").write_text(home.replace("\nmax_iters = 5000\n", "\nmax_iters = 5 * 1000\n"))
-    p = subprocess.run([sys.executable, "bench.py", "--help"], cwd=tmp_path, env=ENV, capture_output=True, text=True)
+    (tmp_path / "train_defaults.py").write_text(home.replace("\nmax_iters = 5000\n",
+                                                             "\nmax_iters = 5 * 1000\n"))
+    p = subprocess.run([sys.executable, "bench.py", "--help"], cwd=tmp_path, env=ENV,
+                       capture_output=True, text=True)
     assert p.returncode == 0 and "--max_iters=5000  (int)" in p.stdout, p.stderr
 
 
-# ---- issue 20, item 19: every bad input is one sentence, before any model is built ------------------------
+# ---- issue 20, item 19: every bad input is one sentence, before any model is built --------------
 @pytest.mark.parametrize("args,words", [
     (["--device=cuda"], "no CUDA device"),
     (["--n_head=3"], "multiple of n_head"),
-    (["--dataset=shakespeare_chr"], "--dataset=shakespeare_chr has no data/shakespeare_chr/meta.json"),
+    (["--dataset=shakespeare_chr"],
+     "--dataset=shakespeare_chr has no data/shakespeare_chr/meta.json"),
     (["--compare=n_head=3", "--interleave=True"], "--compare item 'n_head=3': GPTConfig"),
     (["--compare=config/missing.py"], "--compare item 'config/missing.py': config file not found"),
     (["--dataset=bad"], "data/bad/meta.json holds no positive integer vocab_size"),
@@ -97,15 +110,18 @@ def test_bench_bad_input_is_one_sentence(args, words, tmp_path, monkeypatch):
         pytest.skip("this machine has CUDA")
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data" / "bad").mkdir(parents=True)
-    (tmp_path / "data" / "bad" / "meta.json").write_text('{"vocab_size": "65"}')   # a string, not an int
+    # a string, not an int
+    (tmp_path / "data" / "bad" / "meta.json").write_text('{"vocab_size": "65"}')
     tiny = [a for a in TINY if not a.startswith("--vocab_size=")]
     with pytest.raises(ConfigError) as e:
         bench_py.check([*tiny, *args])
     assert words in str(e.value) and "\n" not in str(e.value), e.value
-    assert bench_py.check([*tiny, "--dataset=none", "--vocab_size=50"])["vocab_size"] == 50   # no data: say the size
+    # no data: say the size
+    assert bench_py.check([*tiny, "--dataset=none", "--vocab_size=50"])["vocab_size"] == 50
 
 
-@pytest.mark.parametrize("arg", ["--steps=0", "--rounds=0", "--warmup=-1", "--batch_size=0", "--arch=gpt3"])
+@pytest.mark.parametrize("arg", ["--steps=0", "--rounds=0", "--warmup=-1", "--batch_size=0",
+                                 "--arch=gpt3"])
 def test_bench_values_out_of_range_are_refused(arg):
     key = arg[2:].split("=")[0]
     with pytest.raises(ConfigError, match=f"^{key}=.* is out of range"):

@@ -35,7 +35,8 @@ def test_returns_copy_and_defaults_untouched():
 
 
 def test_file_then_cli_and_later_file_wins(tmp_path):
-    a = write(tmp_path / "a.py", "batch_size = 1\nmax_iters = 10\nimport math\n_private = 3\ndef f(): pass\n")
+    a = write(tmp_path / "a.py",
+              "batch_size = 1\nmax_iters = 10\nimport math\n_private = 3\ndef f(): pass\n")
     b = write(tmp_path / "b.py", "batch_size = 2\n")
     config = configure(DEFAULTS, [a, b])
     assert config["batch_size"] == 2 and config["max_iters"] == 10
@@ -201,41 +202,47 @@ def test_validation_does_not_rely_on_assert():
     assert r.stdout.strip() == "ok"
 
 
-# ---- train.py's allowed values: one sentence naming the key, its value and the range -----------------------
+# ---- train.py's allowed values: one sentence naming the key, its value and the range ------------
 from configurator import TRAIN_RULES, check_device  # noqa: E402
 
 from train_defaults import DEFAULTS as TRAIN  # noqa: E402
 
 
 def test_every_train_key_has_a_rule_and_every_rule_a_key():
-    """Issue 20.13: a key without a rule took any value of its type (--seed=-1 wrote the lock and the metrics,
-    then a traceback; --rope_theta=0 a NaN blamed on the learning rate). A new key of train.py (or a new
-    field of model.GPTConfig) fails here until it gets one."""
-    assert sorted(set(TRAIN) - set(TRAIN_RULES)) == [] and sorted(set(TRAIN_RULES) - set(TRAIN)) == []
+    """Issue 20.13: a key without a rule took any value of its type (--seed=-1 wrote the lock and
+    the metrics, then a traceback; --rope_theta=0 a NaN blamed on the learning rate). A new key of
+    train.py (or a new field of model.GPTConfig) fails here until it gets one."""
+    assert (sorted(set(TRAIN) - set(TRAIN_RULES)) == []
+            and sorted(set(TRAIN_RULES) - set(TRAIN)) == [])
 
 
 def test_every_rule_names_a_train_key_and_the_defaults_pass():
     assert configure(TRAIN, [], TRAIN_RULES) == TRAIN
-    for good in ("--max_iters=0", "--grad_clip=0", "--weight_decay=0", "--device=cuda:1", "--device=cpu",
-                 "--wsd_decay_frac=1", "--learning_rate=1e30", "--muon_lr=0.02", "--dataset=web-v2.1",
-                 "--seed=0", f"--seed={2**63 - 1}", "--mlp_hidden=0", "--sv_placement=dnp", "--sv_reparam=er"):
+    for good in ("--max_iters=0", "--grad_clip=0", "--weight_decay=0", "--device=cuda:1",
+                 "--device=cpu", "--wsd_decay_frac=1", "--learning_rate=1e30", "--muon_lr=0.02",
+                 "--dataset=web-v2.1", "--seed=0", f"--seed={2**63 - 1}", "--mlp_hidden=0",
+                 "--sv_placement=dnp", "--sv_reparam=er"):
         configure(TRAIN, [good], TRAIN_RULES)
     ok = TRAIN_RULES["learning_rate"][0]   # a config file can set these; --key=value cannot
     assert not ok(float("nan")) and not ok(float("inf"))
 
 
-@pytest.mark.parametrize("arg", ["--batch_size=0", "--block_size=0", "--eval_interval=0", "--log_interval=0",
-                                 "--vocab_pad=0", "--learning_rate=-0.001", "--learning_rate=0", "--beta2=1.5", "--beta1=-0.1", "--weight_decay=-0.1",
-                                 "--grad_clip=-1", "--gradient_accumulation_steps=0", "--eval_iters=0", "--device=tpu",
-                                 "--device=cuda0", "--muon_lr=-1", "--min_lr=-1", "--keep_checkpoints=0",
-                                 "--init_from=resum", "--dtype=float16", "--optimizer=sgd", "--out_dir=",
-                                 "--n_head=0", "--warmup_iters=-1", "--max_iters=-1", "--dataset=..", "--dataset=a/b",
-                                 "--seed=-1", "--seed=9223372036854775808", "--mlp_hidden=-1", "--rope_theta=0",
-                                 "--norm_eps=-1", "--norm_eps=0", "--n_experts=-1", "--n_experts_active=0",
+@pytest.mark.parametrize("arg", ["--batch_size=0", "--block_size=0", "--eval_interval=0",
+                                 "--log_interval=0", "--vocab_pad=0", "--learning_rate=-0.001",
+                                 "--learning_rate=0", "--beta2=1.5", "--beta1=-0.1",
+                                 "--weight_decay=-0.1", "--grad_clip=-1",
+                                 "--gradient_accumulation_steps=0", "--eval_iters=0",
+                                 "--device=tpu", "--device=cuda0", "--muon_lr=-1", "--min_lr=-1",
+                                 "--keep_checkpoints=0", "--init_from=resum", "--dtype=float16",
+                                 "--optimizer=sgd", "--out_dir=", "--n_head=0",
+                                 "--warmup_iters=-1", "--max_iters=-1", "--dataset=..",
+                                 "--dataset=a/b", "--seed=-1", "--seed=9223372036854775808",
+                                 "--mlp_hidden=-1", "--rope_theta=0", "--norm_eps=-1",
+                                 "--norm_eps=0", "--n_experts=-1", "--n_experts_active=0",
                                  "--moe_hidden=-32", "--moe_bias_rate=-1", "--moe_aux_weight=-0.1",
                                  "--sv_placement=bogus", "--sv_reparam=exp", "--sv_dnp_width=half",
-                                 "--moe_router=top1", "--moe_balance=none", "--n_shared_experts=-1",
-                                 "--moe_dense_layers=-1"])
+                                 "--moe_router=top1", "--moe_balance=none",
+                                 "--n_shared_experts=-1", "--moe_dense_layers=-1"])
 def test_a_value_out_of_range_is_one_sentence_naming_key_value_and_range(arg):
     key, _, raw = arg[2:].partition("=")
     with pytest.raises(ConfigError) as e:
@@ -255,22 +262,25 @@ def test_a_device_this_machine_lacks_is_one_sentence():
         check_device("tpu")
 
 
-@pytest.mark.parametrize("arg,expects", [("--lr_decay_iters=abc", "expects int"), ("--muon_lr=abc", "expects float")])
+@pytest.mark.parametrize("arg,expects", [("--lr_decay_iters=abc", "expects int"),
+                                         ("--muon_lr=abc", "expects float")])
 def test_keys_with_a_sentinel_default_are_typed(arg, expects):
-    """lr_decay_iters and muon_lr default to 0 ("use max_iters / learning_rate"), not None, which took anything
-    and failed only after warmup or under Muon."""
+    """lr_decay_iters and muon_lr default to 0 ("use max_iters / learning_rate"), not None, which
+    took anything and failed only after warmup or under Muon."""
     with pytest.raises(ConfigError, match=expects):
         configure(TRAIN, [arg], TRAIN_RULES)
 
 
 @pytest.mark.slow   # two train.py subprocesses
 def test_a_seed_out_of_range_stops_train_py_before_it_touches_the_run(workdir):
-    """Issue 20.13: --seed=-1 wrote the lock and the metrics, then a traceback; with --overwrite=True it
-    deleted the old run first. Now one sentence, and the run folder is as it was."""
+    """Issue 20.13: --seed=-1 wrote the lock and the metrics, then a traceback; with
+    --overwrite=True it deleted the old run first. Now one sentence, and the run folder is as it
+    was."""
     from helpers import train
     train(workdir, "--out_dir=out_seed", "--max_iters=2", "--eval_interval=2")
     before = {p.name: p.stat().st_mtime_ns for p in (workdir / "out_seed").iterdir()}
     p = train(workdir, "--out_dir=out_seed", "--seed=-1", "--overwrite=True", check=False)
-    assert p.returncode == 1 and p.stderr.strip() == "error: seed=-1 is out of range: it must be in [0, 2**63)", p.stderr
+    assert p.returncode == 1 and p.stderr.strip() == (
+        "error: seed=-1 is out of range: it must be in [0, 2**63)"), p.stderr
     assert {q.name: q.stat().st_mtime_ns for q in (workdir / "out_seed").iterdir()} == before
 

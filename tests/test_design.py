@@ -1,5 +1,5 @@
-"""Statements DESIGN.md makes about the model that are not a variant's formula: where weight decay can act
-inside the unified strategy, and how far DNP's Norm reaches over the shared experts."""
+"""Statements DESIGN.md makes about the model that are not a variant's formula: where weight decay
+can act inside the unified strategy, and how far DNP's Norm reaches over the shared experts."""
 import pytest
 import torch
 
@@ -18,13 +18,15 @@ def logits_and_matrix_grads(model):
 
 @pytest.mark.parametrize("moe", [False, True])
 def test_under_dnp_the_input_norm_vectors_are_scale_invariant_but_g_final_is_not(moe):
-    """DESIGN.md, "Where IWD can act inside the unified strategy": Norm(W(c g x)) = Norm(W(g x)), so scaling
-    every g_in that DNP's maps see (OR's beta) changes neither the logits nor any matrix's gradient (float64,
-    eps -> 0); scaling g_final, which the head sees without a Norm after it, changes the logits."""
+    """DESIGN.md, "Where IWD can act inside the unified strategy": Norm(W(c g x)) = Norm(W(g x)),
+    so scaling every g_in that DNP's maps see (OR's beta) changes neither the logits nor any
+    matrix's gradient (float64, eps -> 0); scaling g_final, which the head sees without a Norm
+    after it, changes the logits."""
     model = make(**UNIFIED, **(MOE if moe else {}), norm_eps=1e-30).double()
     randomize_scale_vectors(model)
     logits, grads = logits_and_matrix_grads(model)
-    betas = [m.g_in.beta for m in model.modules()   # HG: every map has its own g_in; the router has no DNP
+    # HG: every map has its own g_in; the router has no DNP
+    betas = [m.g_in.beta for m in model.modules()
              if isinstance(m, ScaledLinear) and m.placement.norm and m.g_in is not None]
     assert len(betas) == 2 * model.config.n_layer + (model.config.n_layer if moe else 0), len(betas)
     with torch.no_grad():
@@ -40,8 +42,8 @@ def test_under_dnp_the_input_norm_vectors_are_scale_invariant_but_g_final_is_not
 
 
 def test_dnp_norm_spans_all_shared_experts_together():
-    """DESIGN.md, Mixture of Experts: two shared experts are one fused SwiGLU, so DNP's Norm on gate (and on up)
-    runs over both experts' units at once."""
+    """DESIGN.md, Mixture of Experts: two shared experts are one fused SwiGLU, so DNP's Norm on
+    gate (and on up) runs over both experts' units at once."""
     model = make(sv_placement="dnp", **{**MOE, "n_shared_experts": 2})
     randomize_scale_vectors(model)
     shared = model.blocks[0].mlp.shared.gate_up
@@ -51,5 +53,6 @@ def test_dnp_norm_spans_all_shared_experts_together():
     g_out = shared.g_out().view(2, h2)
     for b in range(2):
         y = xn @ W[b].T                              # (3, 2h): both experts' units of one branch
-        expected = g_out[b] * y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + model.config.norm_eps)
+        expected = g_out[b] * y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True)
+                                              + model.config.norm_eps)
         torch.testing.assert_close(shared(xn, torch.ones(1, 32))[:, b * h2:(b + 1) * h2], expected)

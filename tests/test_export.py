@@ -1,6 +1,7 @@
-"""export_hf.py: the exported Hugging Face model computes what the checkpoint computes (paper 2.2: the
-Input-Norm vectors fold away), the refusals, and the GPT-2 tokenizer files. transformers and safetensors
-are test-only dependencies (requirements-test.txt); the tests that need them are skipped without them."""
+"""export_hf.py: the exported Hugging Face model computes what the checkpoint computes (paper 2.2:
+the Input-Norm vectors fold away), the refusals, and the GPT-2 tokenizer files. transformers and
+safetensors are test-only dependencies (requirements-test.txt); the tests that need them are
+skipped without them."""
 import errno
 import json
 import os
@@ -20,7 +21,8 @@ VARIANTS = {   # the paper's variants whose vectors all fold (design page), as G
     "OR": {"sv_reparam": "or"},
     "ER": {"sv_reparam": "er"},
     "HG+DP+OR": {"sv_hetero": True, "sv_placement": "dp", "sv_reparam": "or"},
-    "qk_norm+HG+DP+ER": {"qk_norm": True, "sv_hetero": True, "sv_placement": "dp", "sv_reparam": "er"},   # -> Qwen3
+    "qk_norm+HG+DP+ER": {"qk_norm": True, "sv_hetero": True, "sv_placement": "dp",
+                         "sv_reparam": "er"},   # -> Qwen3
 }
 # vocab 100 is padded to 128 rows: the export must drop the 28 padded ones
 TINY = dict(block_size=64, vocab_size=100, n_layer=2, n_head=4, n_embd=64)
@@ -28,7 +30,8 @@ TINY = dict(block_size=64, vocab_size=100, n_layer=2, n_head=4, n_embd=64)
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
-    """Models this small run 10-50x faster on one thread than on two threads of a busy 2-core machine."""
+    """Models this small run 10-50x faster on one thread than on two threads of a busy 2-core
+    machine."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -36,8 +39,9 @@ def one_thread():
 
 
 def randomized(cfg, seed=0):
-    """A GPT whose scale vectors are far from 1 and whose weights give logits of order 1-10, so that a
-    wrong fold, a missing vector or the wrong RoPE layout moves the logits by much more than 1e-4."""
+    """A GPT whose scale vectors are far from 1 and whose weights give logits of order 1-10, so
+    that a wrong fold, a missing vector or the wrong RoPE layout moves the logits by much more than
+    1e-4."""
     model = GPT(cfg)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -46,7 +50,8 @@ def randomized(cfg, seed=0):
             if cls.startswith("sv_"):
                 p.add_(0.3 * torch.randn(p.shape, generator=gen))
             else:
-                p.copy_(torch.randn(p.shape, generator=gen) * (0.5 if cls == "embedding" else p.size(-1) ** -0.5))
+                p.copy_(torch.randn(p.shape, generator=gen)
+                        * (0.5 if cls == "embedding" else p.size(-1) ** -0.5))
     return model.eval()
 
 
@@ -55,7 +60,8 @@ def export_and_load(model, folder):
     pytest.importorskip("safetensors")
     config, state = export_hf.hf_export(model)
     export_hf.save(config, state, str(folder))
-    return transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        str(folder), dtype=torch.float32).eval()
 
 
 @torch.no_grad()
@@ -72,23 +78,25 @@ def test_export_matches_logits_and_greedy_tokens(variant, tied, tmp_path):
     hf = export_and_load(model, tmp_path / "hf")
     assert type(hf).__name__ == ("Qwen3ForCausalLM" if model.config.qk_norm else "LlamaForCausalLM")
     # the padded rows are dropped: vocab_size rows, not padded_vocab
-    assert hf.get_input_embeddings().weight.shape == (100, 64) and hf.get_output_embeddings().weight.shape == (100, 64)
+    assert (hf.get_input_embeddings().weight.shape == (100, 64)
+            and hf.get_output_embeddings().weight.shape == (100, 64))
     # a tied head stays tied (g_final is in model.norm.weight); an untied one is written on its own
-    assert (hf.get_output_embeddings().weight.data_ptr() == hf.get_input_embeddings().weight.data_ptr()) == tied
+    assert (hf.get_output_embeddings().weight.data_ptr()
+            == hf.get_input_embeddings().weight.data_ptr()) == tied
     idx = torch.randint(100, (2, 64), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ours, theirs = model(idx)[0], hf(idx).logits
     assert ours.abs().max() > 1   # logits of a size where a wrong export shows
     assert (theirs - ours).abs().max().item() < 1e-4
     prompt = idx[:1, :8]
-    out = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=20, min_new_tokens=20,
-                      do_sample=False, pad_token_id=0)
+    out = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=20,
+                      min_new_tokens=20, do_sample=False, pad_token_id=0)
     assert out.tolist() == greedy(model, prompt, 20).tolist()
 
 
 def test_without_the_rope_reordering_the_logits_differ(tmp_path, monkeypatch):
-    """The test above can fail: Llama's rotary layout is not model.py's, and exporting q and k as they are
-    moves the logits far beyond the 1e-4 tolerance."""
+    """The test above can fail: Llama's rotary layout is not model.py's, and exporting q and k as
+    they are moves the logits far beyond the 1e-4 tolerance."""
     monkeypatch.setattr(export_hf, "rope_order", lambda n_head, hd: torch.arange(n_head * hd))
     model = randomized(GPTConfig(**TINY))
     hf = export_and_load(model, tmp_path / "hf")
@@ -107,12 +115,14 @@ def test_tied_export_keeps_g_final_in_the_final_norm():
 
 @pytest.mark.parametrize("flags, named", [
     ({"sv_placement": "dnp"}, "sv_placement='dnp'"),
-    ({"sv_placement": "dnp_novec"}, "sv_placement='dnp_novec'"),   # by the table's `norm`, not by a name
+    # by the table's `norm`, not by a name
+    ({"sv_placement": "dnp_novec"}, "sv_placement='dnp_novec'"),
     ({"post_norm": True}, "post_norm=True"),
     ({"n_experts": 4}, "n_experts=4"),
 ])
 def test_refuses_what_is_not_a_plain_llama(flags, named):
-    with pytest.raises(export_hf.ExportError, match="^" + named.replace("(", r"\(").replace(")", r"\)")) as e:
+    with pytest.raises(export_hf.ExportError,
+                       match="^" + named.replace("(", r"\(").replace(")", r"\)")) as e:
         export_hf.hf_export(GPT(GPTConfig(**TINY, **flags)))
     assert "\n" not in str(e.value)
 
@@ -126,17 +136,20 @@ def test_gpt2_tokenizer_files_load_offline_and_match_tiktoken(tmp_path, monkeypa
     assert tok.eos_token_id == 50256 and len(tok) == 50257
     from tokens import ROOT, gpt2_encoding
     text = (ROOT / "data/raw/tinyshakespeare.txt").read_text(encoding="utf-8")[:5000]
-    text += " naïve café 日本語 🤖  \n\n\t 12345 it's  we'll   x"   # multi-byte characters, runs of spaces
+    # multi-byte characters, runs of spaces
+    text += " naïve café 日本語 🤖  \n\n\t 12345 it's  we'll   x"
     ids = gpt2_encoding().encode_ordinary(text)
     assert tok(text)["input_ids"] == ids and tok.decode(ids) == text
 
 
 def write_run(folder, cfg, dataset, tokenizer):
-    """A run folder as train.py leaves it (one checkpoint), and data/<dataset>/meta.json beside it."""
+    """A run folder as train.py leaves it (one checkpoint), and data/<dataset>/meta.json beside
+    it."""
     model = randomized(cfg)
     model_args = {f: getattr(cfg, f) for f in cfg.__dataclass_fields__}
-    checkpoint.save(str(folder / "out"), {"model": model.state_dict(), "optimizers": [], "model_args": model_args,
-                                          "config": {"dataset": dataset}, "iter_num": 7, "best_val_loss": 1.0}, 7)
+    checkpoint.save(str(folder / "out"), {"model": model.state_dict(), "optimizers": [],
+                                          "model_args": model_args, "config": {"dataset": dataset},
+                                          "iter_num": 7, "best_val_loss": 1.0}, 7)
     meta = {"tokenizer": tokenizer, "vocab_size": cfg.vocab_size}
     if tokenizer == "char":
         meta["chars"] = "".join(map(chr, range(33, 33 + cfg.vocab_size)))
@@ -150,13 +163,18 @@ def test_command_exports_the_newest_checkpoint_with_its_tokenizer(tmp_path, monk
     pytest.importorskip("safetensors")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    model = write_run(tmp_path, GPTConfig(**{**TINY, "vocab_size": 50257, "n_embd": 32}, sv_hetero=True), "web", "gpt2")
+    model = write_run(tmp_path,
+                      GPTConfig(**{**TINY, "vocab_size": 50257, "n_embd": 32}, sv_hetero=True),
+                      "web", "gpt2")
     (tmp_path / "hf" / "run").mkdir(parents=True)
-    (tmp_path / "hf" / "run" / "model.safetensors").write_text("an earlier export")   # replaced whole
+    # replaced whole
+    (tmp_path / "hf" / "run" / "model.safetensors").write_text("an earlier export")
     export_hf.main(["--out_dir=out", "--to=hf/run"])
     printed = capsys.readouterr().out
-    assert "ckpt_0000007.pt" in printed and "50257 of 50304 vocabulary rows" in printed and "verify: max |logit difference|" in printed
-    assert sorted(os.listdir("hf/run")) == ["config.json", "merges.txt", "model.safetensors", "tokenizer_config.json", "vocab.json"]
+    assert ("ckpt_0000007.pt" in printed and "50257 of 50304 vocabulary rows" in printed
+            and "verify: max |logit difference|" in printed)
+    assert sorted(os.listdir("hf/run")) == ["config.json", "merges.txt", "model.safetensors",
+                                            "tokenizer_config.json", "vocab.json"]
     tok = transformers.AutoTokenizer.from_pretrained("hf/run")
     hf = transformers.AutoModelForCausalLM.from_pretrained("hf/run", dtype=torch.float32)
     idx = torch.tensor([tok("Hello world, said the model.")["input_ids"]])
@@ -169,7 +187,8 @@ def test_command_refuses_with_one_sentence(tmp_path, monkeypatch):
     write_run(tmp_path, GPTConfig(**TINY, post_norm=True), "tiny", "char")
     with pytest.raises(SystemExit) as e:
         export_hf.main(["--out_dir=out", "--to=hf/run"])
-    assert str(e.value).startswith("error: post_norm=True cannot be exported") and "\n" not in str(e.value)
+    assert (str(e.value).startswith("error: post_norm=True cannot be exported")
+            and "\n" not in str(e.value))
     assert not os.path.exists("hf/run")
     with pytest.raises(SystemExit, match="--to=hf/<name>"):
         export_hf.main(["--out_dir=out"])
@@ -181,23 +200,28 @@ def test_command_never_replaces_a_folder_that_is_not_an_export(tmp_path, monkeyp
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "README.md").write_text("mine")
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
-    for to, why in (("out", "exists and holds 2 file(s) an export does not write (e.g. ckpt_0000007.pt)"),   # the run itself
-                    ("notes", "exists and holds 1 file(s) an export does not write (e.g. README.md)"), ("out/latest", "is a file")):
+    for to, why in (
+            # the run itself
+            ("out", "exists and holds 2 file(s) an export does not write (e.g. ckpt_0000007.pt)"),
+            ("notes", "exists and holds 1 file(s) an export does not write (e.g. README.md)"),
+            ("out/latest", "is a file")):
         with pytest.raises(SystemExit) as e:
             export_hf.main(["--out_dir=out", f"--to={to}"])
         assert str(e.value) == f"error: --to={to} {why}" + (
-            ", and an export replaces its folder whole: give a new folder" if why != "is a file" else ": give a folder for the export")
+            ", and an export replaces its folder whole: give a new folder" if why != "is a file"
+            else ": give a folder for the export")
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
 
-# ---- issue 20: the export writes only its own folder, and checks what it reads --------------------------------
+# ---- issue 20: the export writes only its own folder, and checks what it reads ------------------
 
 def exported_state():
     return export_hf.hf_export(randomized(GPTConfig(**TINY)))
 
 
 def test_an_export_never_deletes_a_folder_it_did_not_create(tmp_path):
-    """`<--to>.old` and `<--to>.tmp` are someone's (a run named r.old): the export's temporary folders are its own."""
+    """`<--to>.old` and `<--to>.tmp` are someone's (a run named r.old): the export's temporary
+    folders are its own."""
     pytest.importorskip("safetensors")
     for name in ("r.old", "r.tmp"):
         (tmp_path / name).mkdir()
@@ -206,7 +230,8 @@ def test_an_export_never_deletes_a_folder_it_did_not_create(tmp_path):
     for _ in range(2):   # a new folder, then over the earlier export
         export_hf.save(config, state, str(tmp_path / "r"))
     assert sorted(os.listdir(tmp_path)) == ["r", "r.old", "r.tmp"]
-    assert all((tmp_path / n / "ckpt_0000010.pt").read_text() == "a run" for n in ("r.old", "r.tmp"))
+    assert all((tmp_path / n / "ckpt_0000010.pt").read_text() == "a run"
+               for n in ("r.old", "r.tmp"))
     assert sorted(os.listdir(tmp_path / "r")) == ["config.json", "model.safetensors"]
 
 
@@ -220,14 +245,17 @@ def test_a_failed_write_is_one_sentence_and_leaves_the_earlier_export(tmp_path, 
     def full_disk(*args, **kw):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
-    with pytest.raises(export_hf.ExportError, match=r"^cannot write the export to .*r \(the disk is full\): what was there is as it was"):
+    with pytest.raises(export_hf.ExportError,
+                       match=r"^cannot write the export to .*r \(the disk is full\): "
+                             r"what was there is as it was"):
         export_hf.save(config, state, str(tmp_path / "r"))
 
     def another_export_lands(path, *args, **kw):   # a second export to the same --to finishes first
         (tmp_path / "r2").mkdir()
         (tmp_path / "r2" / "config.json").write_text("the other export")
         open(path, "wb").close()
-    monkeypatch.setattr(safetensors.torch, "save_file", lambda state, path, **kw: another_export_lands(path))
+    monkeypatch.setattr(safetensors.torch, "save_file",
+                        lambda state, path, **kw: another_export_lands(path))
     export_hf.save(config, state, str(tmp_path / "r2"))   # the last one wins, whole
     assert json.loads((tmp_path / "r2" / "config.json").read_text()) == config
     assert sorted(os.listdir(tmp_path)) == ["r", "r2"]   # no temporary folder left
@@ -240,10 +268,12 @@ def test_command_refuses_a_link_or_a_path_inside_a_file_as_to(tmp_path, monkeypa
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
     (tmp_path / "README.md").write_text("mine")
-    for to, why in (("link", "is a symbolic link"), ("README.md/x", "is inside"), ("README.md/x/y", "which is a file")):
+    for to, why in (("link", "is a symbolic link"), ("README.md/x", "is inside"),
+                    ("README.md/x/y", "which is a file")):
         with pytest.raises(SystemExit) as e:
             export_hf.main(["--out_dir=out", f"--to={to}"])
-        assert str(e.value).startswith(f"error: --to={to} ") and why in str(e.value) and "\n" not in str(e.value)
+        assert (str(e.value).startswith(f"error: --to={to} ") and why in str(e.value)
+                and "\n" not in str(e.value))
     assert (tmp_path / "link").is_symlink() and os.listdir(tmp_path / "elsewhere") == []
 
 
@@ -252,12 +282,14 @@ def test_command_refuses_a_nan_checkpoint_and_a_nan_verification(tmp_path, monke
     monkeypatch.chdir(tmp_path)
     write_run(tmp_path, GPTConfig(**TINY), "tiny", "char")
     monkeypatch.setattr(export_hf, "compare", lambda model, folder: (float("nan"), 0.0))
-    with pytest.raises(SystemExit, match="^error: the export's logits differ from the checkpoint's by nan"):
+    with pytest.raises(SystemExit,
+                       match="^error: the export's logits differ from the checkpoint's by nan"):
         export_hf.main(["--out_dir=out", "--to=hf/run"])
     state = checkpoint.load_latest("out")[1]
     state["model"]["wte.weight"][0, 0] = float("nan")
     checkpoint.save("out", state, 8)
-    with pytest.raises(SystemExit, match=r"^error: checkpoint out/ckpt_0000008.pt holds non-finite weights \(wte.weight\)"):
+    with pytest.raises(SystemExit, match=r"^error: checkpoint out/ckpt_0000008.pt holds "
+                                         r"non-finite weights \(wte.weight\)"):
         export_hf.main(["--out_dir=out", "--to=hf/run2"])
     assert not os.path.exists("hf/run2")
 
@@ -266,9 +298,11 @@ def test_the_tokenizer_is_the_runs_not_todays_meta_json(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     write_run(tmp_path, GPTConfig(**TINY), "tiny", "char")
     state = checkpoint.load_latest("out")[1]
-    assert export_hf.tokenizer_of(state) == "char"   # a checkpoint without the record: from meta.json
+    # a checkpoint without the record: from meta.json
+    assert export_hf.tokenizer_of(state) == "char"
     state["vocab"] = {"tokenizer": "gpt2", "vocab_size": 50257}
-    assert export_hf.tokenizer_of(state) == "gpt2"   # the run's own record wins over today's meta.json
+    # the run's own record wins over today's meta.json
+    assert export_hf.tokenizer_of(state) == "gpt2"
     state["vocab"] = {"tokenizer": "byte", "vocab_size": 257}
     assert export_hf.tokenizer_of(state) == "byte"
 

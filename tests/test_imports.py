@@ -1,15 +1,17 @@
-"""The layout of the tools (issue 19): no script imports another script or reads its source, and the import
-graph of the project's modules, lazy imports included, is at most 4 floors deep (a script, a module it
-imports, model.py, kernels.py)."""
+"""The layout of the tools (issue 19): no script imports another script or reads its source, and
+the import graph of the project's modules, lazy imports included, is at most 4 floors deep (a
+script, a module it imports, model.py, kernels.py)."""
 import ast
 import os
 
 from conftest import ROOT
 
 # the files with a command line; every other top-level .py is a library module
-SCRIPTS = {"train", "prepare_data", "sample", "bench", "reproduce", "gpu_check", "export_hf", "plot_metrics"}
-# edges other branches remove (issue 20 moves the dataset readers out of prepare_data.py; issue 22 rewrites
-# gpu_check.py): this list must shrink, and the test below fails once an edge in it is gone
+SCRIPTS = {"train", "prepare_data", "sample", "bench", "reproduce", "gpu_check", "export_hf",
+           "plot_metrics"}
+# edges other branches remove (issue 20 moves the dataset readers out of prepare_data.py; issue 22
+# rewrites gpu_check.py): this list must shrink, and the test below fails once an edge in it is
+# gone
 PENDING = set()
 
 
@@ -40,7 +42,8 @@ def floors(g, m, path=()):
 
 
 def test_no_script_imports_another_script():
-    bad = sorted((a, b) for a, deps in graph().items() if a in SCRIPTS for b in deps if b in SCRIPTS)
+    bad = sorted((a, b) for a, deps in graph().items() if a in SCRIPTS
+                 for b in deps if b in SCRIPTS)
     assert not bad, f"scripts importing scripts: {bad}; move what they share into a library module"
     gone = sorted((a, b) for a, b in PENDING if b not in imports(a))
     assert not gone, f"these edges are gone: remove them from PENDING: {gone}"
@@ -53,8 +56,10 @@ def test_the_import_graph_is_at_most_four_floors():
 
 
 def test_no_script_parses_another_scripts_source():
-    """bench.py read train.py's keys with ast.literal_eval of its source: `max_iters = 5 * 1000` crashed it."""
+    """bench.py read train.py's keys with ast.literal_eval of its source: `max_iters = 5 * 1000`
+    crashed it."""
     for name in SCRIPTS & modules():
         with open(os.path.join(ROOT, f"{name}.py")) as f:
             src = f.read()
-        assert "ast.parse(" not in src and "literal_eval(" not in src, f"{name}.py parses source code"
+        assert "ast.parse(" not in src and "literal_eval(" not in src, (
+            f"{name}.py parses source code")

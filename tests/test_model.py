@@ -1,5 +1,5 @@
-"""The model: shapes, size, causality, init, and the exact properties of single scale-vector variants
-(DNP's formula, its widths, OR's eps). The properties that hold for every variant are in
+"""The model: shapes, size, causality, init, and the exact properties of single scale-vector
+variants (DNP's formula, its widths, OR's eps). The properties that hold for every variant are in
 test_variant_tables.py, parametrized over the tables."""
 import math
 
@@ -18,7 +18,8 @@ def test_shapes_and_loss():
     logits, loss = model(idx, tokens(seed=5))
     assert logits.shape == (3, 16, TINY["vocab_size"])   # padded rows are not returned
     assert model.wte.weight.shape[0] == 56                # 50 padded to a multiple of 8
-    assert loss.dim() == 0 and abs(loss.item() - torch.log(torch.tensor(56.0)).item()) < 0.1   # near-uniform at init
+    # near-uniform at init
+    assert loss.dim() == 0 and abs(loss.item() - torch.log(torch.tensor(56.0)).item()) < 0.1
     assert model(idx)[1] is None
 
 
@@ -36,7 +37,8 @@ def test_unified_extra_parameters_closed_formula():
     c = GPTConfig(**TINY)
     d, h, L = c.n_embd, c.hidden, c.n_layer
     extra = GPT(GPTConfig(**TINY, **VARIANTS["unified"])).num_params() - GPT(c).num_params()
-    # HG: g_q, g_k, g_v and g_gate, g_up instead of g_attn, g_ffn; DNP: g_out over q, k, v (3d) and gate, up (2h);
+    # HG: g_q, g_k, g_v and g_gate, g_up instead of g_attn, g_ffn; DNP: g_out over q, k, v (3d) and
+    # gate, up (2h);
     # OR: one beta per vector row (5 input rows + 5 output rows per layer, 1 for g_final)
     assert extra == L * ((3 * d - d) + (2 * d - d) + 3 * d + 2 * h + 10) + 1
 
@@ -65,7 +67,8 @@ def test_config_errors():
 
 
 def test_no_scale_vectors_means_no_scale_vector_parameters():
-    model = make(scale_vectors=False, qk_norm=True, post_norm=True)   # the norms stay, parameter-free
+    # the norms stay, parameter-free
+    model = make(scale_vectors=False, qk_norm=True, post_norm=True)
     assert not any(isinstance(m, ScaleVector) for m in model.modules())
     assert all(p.dim() == 2 for p in model.parameters())
     assert set(model.param_classes().values()) == {"matrix", "embedding"}
@@ -74,8 +77,8 @@ def test_no_scale_vectors_means_no_scale_vector_parameters():
 @pytest.mark.parametrize("name,same", [("hetero", True), ("dp", True), ("or", True), ("er", True),
                                        ("dnp", False), ("unified", False), ("gemma", False)])
 def test_function_at_init_versus_baseline(name, same):
-    """All vectors are 1 at init: HG, DP, OR and ER compute the baseline's function; DNP, qk_norm and
-    post_norm add normalizations, so they do not."""
+    """All vectors are 1 at init: HG, DP, OR and ER compute the baseline's function; DNP, qk_norm
+    and post_norm add normalizations, so they do not."""
     idx = tokens()
     base = make(seed=0)(idx)[0]
     variant = make(seed=0, **VARIANTS[name])(idx)[0]
@@ -91,20 +94,24 @@ def test_folding_refuses_output_norm_vectors(name):
 def effective_update(lr=0.5, **kw):
     """How one SGD step moves each effective weight W * (g_out g_in^T)."""
     model = make(seed=0, **kw)
-    before = {n: m.effective_weight().detach().clone() for n, m in model.named_modules() if isinstance(m, ScaledLinear)}
+    before = {n: m.effective_weight().detach().clone() for n, m in model.named_modules()
+              if isinstance(m, ScaledLinear)}
     idx = tokens()
     model(idx, tokens(seed=5))[1].backward()
     with torch.no_grad():
         for p in model.parameters():
             p -= lr * p.grad
-        return {n: m.effective_weight() - before[n] for n, m in model.named_modules() if isinstance(m, ScaledLinear)}
+        return {n: m.effective_weight() - before[n] for n, m in model.named_modules()
+                if isinstance(m, ScaledLinear)}
 
 
 @pytest.mark.parametrize("name", ["hetero", "dp", "or", "er", "noscale"])
 def test_each_variant_changes_the_update_of_the_linear_maps(name):
     """Same function at init, yet a different preconditioner (paper 2.2, 3): the effective weights
-    W * (g_out g_in^T) move differently from the baseline's in one SGD step, so no flag is silently inert."""
-    base, again, variant = effective_update(), effective_update(), effective_update(**VARIANTS[name])
+    W * (g_out g_in^T) move differently from the baseline's in one SGD step, so no flag is silently
+    inert."""
+    base, again, variant = (effective_update(), effective_update(),
+                            effective_update(**VARIANTS[name]))
     for k in ("blocks.0.attn.qkv", "blocks.0.mlp.gate_up"):
         assert torch.equal(base[k], again[k])   # deterministic: a difference is the variant's doing
         assert (base[k] - variant[k]).abs().max() > 1e-3 * base[k].abs().max(), k
@@ -129,21 +136,25 @@ def test_scale_vector_preconditions_columns():
         for p in lin.parameters():
             p -= lr * p.grad
         delta = (lin.effective_weight() - W_eff) / -lr
-    predicted = torch.stack([(torch.eye(6) + torch.outer(W[:, j], W[:, j])) @ G[:, j] for j in range(8)], dim=1)
+    predicted = torch.stack([(torch.eye(6) + torch.outer(W[:, j], W[:, j])) @ G[:, j]
+                             for j in range(8)], dim=1)
     assert torch.allclose(delta, predicted, rtol=1e-2, atol=1e-2 * G.abs().max().item())
-    assert not torch.allclose(delta, G, rtol=1e-2, atol=1e-2 * G.abs().max().item())   # not plain SGD
+    # not plain SGD
+    assert not torch.allclose(delta, G, rtol=1e-2, atol=1e-2 * G.abs().max().item())
 
 
 def test_scale_vector_stats_names_each_branch():
     stats = make(**VARIANTS["unified"]).scale_vector_stats()
     assert {"blocks.0.attn.qkv.g_in.q", "blocks.0.attn.qkv.g_in.k", "blocks.0.attn.qkv.g_in.v",
             "blocks.1.mlp.gate_up.g_out.up", "g_final"} <= set(stats)
-    assert all(abs(mean - 1) < 1e-5 and abs(lo - 1) < 1e-5 and abs(hi - 1) < 1e-5 for mean, lo, hi in stats.values())
+    assert all(abs(mean - 1) < 1e-5 and abs(lo - 1) < 1e-5 and abs(hi - 1) < 1e-5
+               for mean, lo, hi in stats.values())
 
 
 def test_generate_extends_the_prompt_with_valid_ids():
     model = make()
-    out = model.generate(tokens(B=2, T=4), max_new_tokens=20, top_k=5)   # longer than block_size: cropped
+    # longer than block_size: cropped
+    out = model.generate(tokens(B=2, T=4), max_new_tokens=20, top_k=5)
     assert out.shape == (2, 24) and int(out.max()) < TINY["vocab_size"]
 
 
@@ -158,32 +169,41 @@ def test_temperature_zero_is_greedy():
 # ---- init: pinned, keyed on the parameter's role -------------------------------------------------
 
 def test_the_baseline_initial_weights_are_pinned():
-    """Seed 0 gives these weights, computed once from main at commit 468b039 (before model.py was reordered): a
-    refactor that changes a construction order, the order of random draws or an init rule fails here. The maps that
-    write into the residual stream start at std 0.02 / sqrt(2 * n_layer) = 0.01, the other matrices at 0.02."""
+    """Seed 0 gives these weights, computed once from main at commit 468b039 (before model.py was
+    reordered): a refactor that changes a construction order, the order of random draws or an init
+    rule fails here. The maps that write into the residual stream start at std
+    0.02 / sqrt(2 * n_layer) = 0.01, the other matrices at 0.02."""
     sd = make(seed=0).state_dict()
     pinned = {
         "wte.weight": [-0.028090259060263634, 0.01025092601776123, 0.002099335892125964],
-        "blocks.0.attn.qkv.weight": [-0.023752233013510704, 0.012581010349094868, -0.02739636041224003],
-        "blocks.0.attn.proj.weight": [0.004289459902793169, 0.004227630794048309, 0.01422408688813448],
-        "blocks.0.mlp.gate_up.weight": [-0.015736877918243408, 0.0225380752235651, 0.04648180305957794],
-        "blocks.1.mlp.down.weight": [-0.0008787024416960776, 0.010977431200444698, -0.005126084666699171],
+        "blocks.0.attn.qkv.weight":
+            [-0.023752233013510704, 0.012581010349094868, -0.02739636041224003],
+        "blocks.0.attn.proj.weight":
+            [0.004289459902793169, 0.004227630794048309, 0.01422408688813448],
+        "blocks.0.mlp.gate_up.weight":
+            [-0.015736877918243408, 0.0225380752235651, 0.04648180305957794],
+        "blocks.1.mlp.down.weight":
+            [-0.0008787024416960776, 0.010977431200444698, -0.005126084666699171],
     }
     for k, first in pinned.items():
         assert sd[k].flatten()[:3].tolist() == first, k
-    for k, std in (("blocks.1.attn.proj.weight", 0.01), ("blocks.0.mlp.down.weight", 0.01), ("blocks.1.mlp.gate_up.weight", 0.02)):
+    for k, std in (("blocks.1.attn.proj.weight", 0.01), ("blocks.0.mlp.down.weight", 0.01),
+                   ("blocks.1.mlp.gate_up.weight", 0.02)):
         assert abs(sd[k].std().item() - std) < 0.1 * std, k
     assert torch.equal(sd["head.weight"], sd["wte.weight"]) and (sd["g_final.g"] == 1).all()
 
 
 def test_the_residual_init_follows_the_role_not_the_class():
-    """The MoE experts' stacked down projections and the shared expert's are residual writers too."""
+    """The MoE experts' stacked down projections and the shared expert's are residual writers
+    too."""
     model = make(n_experts=4, n_shared_experts=1, n_layer=8)
     classes = model.param_classes()
-    stds = {n: p.std().item() for n, p in model.named_parameters() if classes[n] in ("matrix", "embedding")}
+    stds = {n: p.std().item() for n, p in model.named_parameters()
+            if classes[n] in ("matrix", "embedding")}
     residual = 0.02 / math.sqrt(16)
     for n, s in stds.items():
-        expected = residual if n.endswith(("attn.proj.weight", "mlp.down", "shared.down.weight")) else 0.02
+        expected = (residual if n.endswith(("attn.proj.weight", "mlp.down", "shared.down.weight"))
+                    else 0.02)
         assert abs(s - expected) < 0.15 * expected, (n, s)
 
 
@@ -191,7 +211,8 @@ def test_a_vector_outside_a_scale_vector_has_no_init_rule():
     class Gained(model_py.OutputNorm):
         def __init__(self, d, cfg):
             super().__init__(d, cfg)
-            self.gain = nn.Parameter(torch.ones(d))   # a fork's gain that decay and folding would not know
+            # a fork's gain that decay and folding would not know
+            self.gain = nn.Parameter(torch.ones(d))
     with pytest.raises(ValueError, match="post_norm_gain.gain has no init rule"):
         model = make()
         model.post_norm_gain = Gained(32, model.config)
@@ -200,12 +221,13 @@ def test_a_vector_outside_a_scale_vector_has_no_init_rule():
 
 # ---- a table entry ScaledLinear cannot build -----------------------------------------------------
 
-@pytest.mark.parametrize("entry", [Placement(g_out="output", norm=False), Placement(g_out="input", norm=True),
+@pytest.mark.parametrize("entry", [Placement(g_out="output", norm=False),
+                                   Placement(g_out="input", norm=True),
                                    Placement(g_out="sideways", norm=False)])
 def test_a_placement_the_model_cannot_apply_is_refused(monkeypatch, entry):
-    """A fork adds a placement to the table with a piece ScaledLinear does not build: GPTConfig refuses it. (Before
-    the table, an output-side vector with no Norm after it was created, never applied, and trained as an inert
-    vector without an error.)"""
+    """A fork adds a placement to the table with a piece ScaledLinear does not build: GPTConfig
+    refuses it. (Before the table, an output-side vector with no Norm after it was created, never
+    applied, and trained as an inert vector without an error.)"""
     monkeypatch.setitem(model_py.PLACEMENTS, "xp", entry)
     with pytest.raises(ValueError, match=r"PLACEMENTS\['xp'\]"):
         GPTConfig(**TINY, sv_placement="xp")
@@ -219,8 +241,9 @@ def rms(z, eps=1e-6):
 
 @pytest.mark.parametrize("width", ["full", "head"])
 def test_dense_dnp_is_the_formula_per_head_and_per_branch(width):
-    """q, k, v = g_out * Norm_per_head(W (g_in * Norm(x))), and gate, up = g_out * Norm(W (g_in * Norm(x))) over
-    the branch's full width, written out by hand from the raw parameters (HG, so each branch has its own g_in)."""
+    """q, k, v = g_out * Norm_per_head(W (g_in * Norm(x))), and gate, up =
+    g_out * Norm(W (g_in * Norm(x))) over the branch's full width, written out by hand from the raw
+    parameters (HG, so each branch has its own g_in)."""
     model = make(sv_placement="dnp", sv_hetero=True, sv_dnp_width=width)
     randomize_scale_vectors(model)
     d, H, hd, h = 32, 2, 16, model.config.hidden
@@ -230,10 +253,12 @@ def test_dense_dnp_is_the_formula_per_head_and_per_branch(width):
     qkv, gate_up = attn.qkv(xn), mlp.gate_up(xn)
     Wa, ga_in, ga_out = attn.qkv.weight.view(3, d, d), attn.qkv.g_in.g, attn.qkv.g_out.g
     Wm, gm_in, gm_out = mlp.gate_up.weight.view(2, h, d), mlp.gate_up.g_in.g, mlp.gate_up.g_out.g
-    assert ga_out.shape == ((3, d) if width == "full" else (3, hd)) and gm_out.shape == ((2, h) if width == "full" else (2, 1))
+    assert (ga_out.shape == ((3, d) if width == "full" else (3, hd))
+            and gm_out.shape == ((2, h) if width == "full" else (2, 1)))
     for b in range(3):   # q, k, v
         y = ((xn * ga_in[b]) @ Wa[b].T).view(2, 5, H, hd)
-        expected = (ga_out[b].view(-1, hd) * rms(y)).view(2, 5, d)   # full: a row per head; head: one shared row
+        # full: a row per head; head: one shared row
+        expected = (ga_out[b].view(-1, hd) * rms(y)).view(2, 5, d)
         torch.testing.assert_close(qkv[..., b * d:(b + 1) * d], expected, atol=1e-5, rtol=1e-5)
     for b in range(2):   # gate, up
         expected = gm_out[b] * rms((xn * gm_in[b]) @ Wm[b].T)
@@ -242,15 +267,17 @@ def test_dense_dnp_is_the_formula_per_head_and_per_branch(width):
 
 @pytest.mark.parametrize("moe", [False, True])
 def test_dnp_novec_is_dnp_with_its_output_vector_frozen_at_one(moe):
-    """The DNP control keeps the Norm after the map and drops g_out: the same logits and the same gradient
-    for every shared parameter as DNP whose g_out is fixed at 1 and not trained, and no g_out parameter."""
+    """The DNP control keeps the Norm after the map and drops g_out: the same logits and the same
+    gradient for every shared parameter as DNP whose g_out is fixed at 1 and not trained, and no
+    g_out parameter."""
     kw = dict(sv_hetero=True, **(MOE if moe else {}))
     dnp, ctrl = make(sv_placement="dnp", **kw), make(sv_placement="dnp_novec", **kw)
     assert not [n for n, _ in ctrl.named_parameters() if ".g_out." in n]
     randomize_scale_vectors(ctrl)
     state = ctrl.state_dict()
     missing = dnp.load_state_dict(state, strict=False).missing_keys
-    assert missing and all(".g_out." in k for k in missing), missing   # only g_out, left at its init
+    # only g_out, left at its init
+    assert missing and all(".g_out." in k for k in missing), missing
     for m in (dnp, ctrl):
         loss = m(tokens(), tokens(seed=2))[1]
         loss.backward()
@@ -264,11 +291,13 @@ def test_dnp_novec_is_dnp_with_its_output_vector_frozen_at_one(moe):
 
 @pytest.mark.parametrize("moe", [False, True])
 def test_dnp_head_width_parameter_count(moe):
-    """"head": 3 * head_dim (q, k, v) and 2 (gate, up; per expert and for the shared expert) per layer for g_out."""
+    """"head": 3 * head_dim (q, k, v) and 2 (gate, up; per expert and for the shared expert) per
+    layer for g_out."""
     kw = dict(n_experts=4, n_shared_experts=1, moe_hidden=32) if moe else {}
     c = GPTConfig(**TINY, **kw)
     hd, L = c.n_embd // c.n_head, c.n_layer
-    extra = make(sv_placement="dnp", sv_dnp_width="head", **kw).num_params() - make(**kw).num_params()
+    extra = (make(sv_placement="dnp", sv_dnp_width="head", **kw).num_params()
+             - make(**kw).num_params())
     per_layer = 3 * hd + (2 * c.n_experts + 2 * c.n_shared_experts if moe else 2)
     assert extra == L * per_layer
 
@@ -279,12 +308,16 @@ def test_dnp_head_width_equals_full_width_with_the_vector_repeated():
     H, h = 2, head.config.hidden
     with torch.no_grad():
         for bh, bf in zip(head.blocks, full.blocks):
-            bf.attn.qkv.g_out.g.copy_(bh.attn.qkv.g_out.g.repeat(1, H))          # the head vector on every head
-            bf.mlp.gate_up.g_out.g.copy_(bh.mlp.gate_up.g_out.g.expand(-1, h))   # the branch scalar on every unit
+            # the head vector on every head
+            bf.attn.qkv.g_out.g.copy_(bh.attn.qkv.g_out.g.repeat(1, H))
+            # the branch scalar on every unit
+            bf.mlp.gate_up.g_out.g.copy_(bh.mlp.gate_up.g_out.g.expand(-1, h))
         sd = {k: v for k, v in head.state_dict().items() if "g_out" not in k}
         full.load_state_dict(sd, strict=False)
     assert torch.allclose(head(tokens())[0], full(tokens())[0], atol=1e-6)
-    assert not torch.allclose(head(tokens())[0], make(sv_placement="dnp", sv_dnp_width="head")(tokens())[0], atol=1e-3)
+    assert not torch.allclose(head(tokens())[0],
+                              make(sv_placement="dnp", sv_dnp_width="head")(tokens())[0],
+                              atol=1e-3)
 
 
 def test_dnp_width_is_validated_through_the_placement_table():
@@ -293,17 +326,21 @@ def test_dnp_width_is_validated_through_the_placement_table():
     with pytest.raises(ValueError, match="sv_dnp_width must be one of 'full', 'head'"):
         GPTConfig(sv_dnp_width="quarter", sv_placement="dnp")
     classes = make(sv_placement="dnp", sv_dnp_width="head").param_classes()
-    assert classes["blocks.0.attn.qkv.g_out.g"] == classes["blocks.0.mlp.gate_up.g_out.g"] == "sv_output"   # after a Norm
+    # after a Norm
+    assert (classes["blocks.0.attn.qkv.g_out.g"] == classes["blocks.0.mlp.gate_up.g_out.g"]
+            == "sv_output")
 
 
 # ---- dtype, folding and OR details ---------------------------------------------------------------
 
 def test_a_dtype_cast_keeps_rope_exact():
-    """model.to(dtype) cast the complex RoPE buffer to a real one, keeping only cos: logits moved by 5e-4 in float64
-    (6e-4 in bf16). The table is now computed in each forward, in float32, and the model has no buffer to cast."""
+    """model.to(dtype) cast the complex RoPE buffer to a real one, keeping only cos: logits moved
+    by 5e-4 in float64 (6e-4 in bf16). The table is now computed in each forward, in float32, and
+    the model has no buffer to cast."""
     model, idx = make(), tokens()
     assert list(model.buffers()) == []
-    torch.testing.assert_close(make().to(torch.float64)(idx)[0], model(idx)[0].double(), atol=1e-6, rtol=0)
+    torch.testing.assert_close(make().to(torch.float64)(idx)[0], model(idx)[0].double(),
+                               atol=1e-6, rtol=0)
 
 
 def test_folding_keeps_the_dtype_and_device_and_draws_no_random_number():
@@ -312,12 +349,14 @@ def test_folding_keeps_the_dtype_and_device_and_draws_no_random_number():
     rng = torch.get_rng_state()
     plain = model.fold_scale_vectors()
     assert torch.equal(torch.get_rng_state(), rng)
-    assert {(p.dtype, p.device) for p in plain.state_dict().values() if p.is_floating_point()} == {(torch.float64, model.wte.weight.device)}
+    assert {(p.dtype, p.device) for p in plain.state_dict().values()
+            if p.is_floating_point()} == {(torch.float64, model.wte.weight.device)}
     torch.testing.assert_close(plain(tokens())[0], model(tokens())[0], atol=1e-12, rtol=1e-10)
 
 
 def test_folding_refuses_a_weight_it_does_not_know():
-    """A fork's new parameter is neither copied silently nor dropped: folding says where to describe it."""
+    """A fork's new parameter is neither copied silently nor dropped: folding says where to
+    describe it."""
     model = make()
     model.blocks[0].mlp.register_parameter("extra", nn.Parameter(torch.ones(3, 3)))
     with pytest.raises(ValueError, match="does not know how to fold blocks.0.mlp.extra"):
@@ -325,7 +364,8 @@ def test_folding_refuses_a_weight_it_does_not_know():
 
 
 def test_or_normalizes_alpha_with_norm_eps():
-    """OR: g = beta * Norm(alpha) with the model's Norm, eps = norm_eps (F.rms_norm's default eps was used)."""
+    """OR: g = beta * Norm(alpha) with the model's Norm, eps = norm_eps (F.rms_norm's default eps
+    was used)."""
     cfg = GPTConfig(**TINY, sv_reparam="or", norm_eps=1e-2)
     sv = ScaleVector(1, 4, "input", cfg)
     with torch.no_grad():
@@ -335,10 +375,12 @@ def test_or_normalizes_alpha_with_norm_eps():
 
 
 def test_peak_flops_follows_the_dtype_and_knows_no_cpu_peak(monkeypatch):
-    """fp32 runs use TF32 (half the bf16 figure); a CPU or an unknown GPU has no peak, so no MFU is printed."""
+    """fp32 runs use TF32 (half the bf16 figure); a CPU or an unknown GPU has no peak, so no MFU is
+    printed."""
     assert model_py.peak_flops(torch.device("cpu")) is None
     gpu = torch.device("cuda")
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
-    assert model_py.peak_flops(gpu, torch.bfloat16) == 989e12 and model_py.peak_flops(gpu, torch.float32) == 989e12 / 2
+    assert (model_py.peak_flops(gpu, torch.bfloat16) == 989e12
+            and model_py.peak_flops(gpu, torch.float32) == 989e12 / 2)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA Z9000")
     assert model_py.peak_flops(gpu, torch.bfloat16) is None

@@ -25,19 +25,24 @@ def expected_lr(it, schedule, frac=0.25, shape="linear"):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("schedule,shape", [("cosine", "linear"), ("wsd", "linear"), ("wsd", "1-sqrt"), ("constant", "linear")])
+@pytest.mark.parametrize("schedule,shape", [("cosine", "linear"), ("wsd", "linear"),
+                                            ("wsd", "1-sqrt"), ("constant", "linear")])
 def test_schedule_matches_its_formula(workdir, schedule, shape):
     out = f"out_lr_{schedule}_{shape}"
-    train(workdir, f"--out_dir={out}", "--max_iters=20", "--eval_interval=20", f"--warmup_iters={WARMUP}",
-          f"--lr_decay_iters={DECAY_END}", f"--learning_rate={LR}", f"--min_lr={MIN_LR}", f"--lr_schedule={schedule}",
-          "--wsd_decay_frac=0.25", f"--wsd_shape={shape}")
-    lrs = [r["lr"] for r in records(workdir, out, "train")]   # record `iter` i logs the lr of step i - 1
-    assert lrs == pytest.approx([expected_lr(it, schedule, 0.25, shape) for it in range(20)], rel=1e-9)
+    train(workdir, f"--out_dir={out}", "--max_iters=20", "--eval_interval=20",
+          f"--warmup_iters={WARMUP}", f"--lr_decay_iters={DECAY_END}", f"--learning_rate={LR}",
+          f"--min_lr={MIN_LR}", f"--lr_schedule={schedule}", "--wsd_decay_frac=0.25",
+          f"--wsd_shape={shape}")
+    # record `iter` i logs the lr of step i - 1
+    lrs = [r["lr"] for r in records(workdir, out, "train")]
+    assert lrs == pytest.approx([expected_lr(it, schedule, 0.25, shape) for it in range(20)],
+                                rel=1e-9)
     if schedule == "wsd":
         assert lrs[WARMUP:12] == [LR] * (12 - WARMUP)   # the stable phase
 
 
-@pytest.mark.parametrize("kw", [{}, dict(sv_hetero=True, sv_placement="dnp", sv_reparam="or", tie_embeddings=False)])
+@pytest.mark.parametrize("kw", [{}, dict(sv_hetero=True, sv_placement="dnp", sv_reparam="or",
+                                         tie_embeddings=False)])
 def test_muon_takes_exactly_the_hidden_matrices(kw):
     torch.manual_seed(0)
     model = GPT(GPTConfig(**{**TINY, **kw}))
@@ -45,18 +50,21 @@ def test_muon_takes_exactly_the_hidden_matrices(kw):
     groups = model.param_groups(0.1, "iwd", muon=True)
     muon = sorted(names[id(p)] for g in groups if g["optimizer"] == "muon" for p in g["params"])
     adamw = sorted(names[id(p)] for g in groups if g["optimizer"] == "adamw" for p in g["params"])
-    hidden = sorted(n for n in names.values() if n.endswith(("qkv.weight", "proj.weight", "gate_up.weight", "down.weight")))
+    hidden = sorted(n for n in names.values()
+                    if n.endswith(("qkv.weight", "proj.weight", "gate_up.weight", "down.weight")))
     assert muon == hidden and all(model.get_parameter(n).dim() == 2 for n in muon)
-    assert sorted(muon + adamw) == sorted(names.values())   # the union is every parameter, each once
+    # the union is every parameter, each once
+    assert sorted(muon + adamw) == sorted(names.values())
 
 
 @pytest.mark.slow
 def test_muon_run_trains_and_resumes(workdir):
-    train(workdir, "--out_dir=out_muon", "--max_iters=20", "--eval_interval=10", "--optimizer=muon", "--lr_schedule=wsd")
+    train(workdir, "--out_dir=out_muon", "--max_iters=20", "--eval_interval=10",
+          "--optimizer=muon", "--lr_schedule=wsd")
     evals = records(workdir, "out_muon", "eval")
     assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.3
-    train(workdir, "--out_dir=out_muon", "--max_iters=24", "--eval_interval=10", "--optimizer=muon", "--lr_schedule=wsd",
-          "--init_from=resume")
+    train(workdir, "--out_dir=out_muon", "--max_iters=24", "--eval_interval=10",
+          "--optimizer=muon", "--lr_schedule=wsd", "--init_from=resume")
     assert [r["iter"] for r in records(workdir, "out_muon", "train")] == list(range(1, 25))
 
 

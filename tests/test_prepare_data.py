@@ -15,7 +15,8 @@ import prepare_data
 import tokens
 
 EOT = 50256
-TEXT = "First Citizen:\nBefore we proceed, hear me speak.\n\nAll:\nSpeak, speak. Ünïcödé — 你好 🙂\r\n\ttabs\n" * 20
+TEXT = ("First Citizen:\nBefore we proceed, hear me speak.\n\nAll:\n"
+        "Speak, speak. Ünïcödé — 你好 🙂\r\n\ttabs\n") * 20
 
 
 def error_of(excinfo):
@@ -35,7 +36,8 @@ def prepare(tmp_path, text, tokenizer="char", *extra):
     src = tmp_path / "input.txt"
     src.write_text(text, encoding="utf-8")
     out = tmp_path / "out"
-    prepare_data.main(["text", "--input", str(src), "--name", "tiny", "--tokenizer", tokenizer, "--out_dir", str(out), *extra])
+    prepare_data.main(["text", "--input", str(src), "--name", "tiny", "--tokenizer", tokenizer,
+                       "--out_dir", str(out), *extra])
     return out
 
 
@@ -99,9 +101,11 @@ def test_load_meta_missing_names_the_command(tmp_path):
 
 
 def test_chunked_gpt2_encoding_equals_whole():
-    # Shakespeare plus random runs of newlines and spaces, where a careless cut would change the tokens
+    # Shakespeare plus random runs of newlines and spaces, where a careless cut would change the
+    # tokens
     rng = random.Random(0)
-    noise = "".join(rng.choice(["word", "x.", " ", "  ", "\n", "\n\n", "\t", "Ü"]) for _ in range(40_000))
+    noise = "".join(rng.choice(["word", "x.", " ", "  ", "\n", "\n\n", "\t", "Ü"])
+                    for _ in range(40_000))
     text = prepare_data.SHAKESPEARE.read_text()[:200_000] + noise
     chunks = list(prepare_data.text_chunks(text, size=5_000))
     assert len(chunks) > 50 and "".join(chunks) == text
@@ -148,13 +152,16 @@ def test_rerun_is_idempotent_and_source_change_rebuilds(tmp_path, capsys):
     prepare(tmp_path, TEXT + "one more line\n")
     assert "already prepared" not in capsys.readouterr().out
     meta, train, val = read_set(out)
-    assert meta["train_tokens"] + meta["val_tokens"] == len(TEXT) + len("one more line\n") == len(train) + len(val)
-    prepare(tmp_path, TEXT + "one more line\n", "char", "--val_fraction", "0.2")  # new split: rebuild too
+    assert (meta["train_tokens"] + meta["val_tokens"] == len(TEXT) + len("one more line\n")
+            == len(train) + len(val))
+    # new split: rebuild too
+    prepare(tmp_path, TEXT + "one more line\n", "char", "--val_fraction", "0.2")
     total = len(TEXT) + len("one more line\n")
     assert read_set(out)[0]["val_tokens"] == total - int(total * 0.8) == len(read_set(out)[2])
     (out / "val.bin").write_bytes(b"")  # a damaged set is rebuilt, not trusted
     prepare(tmp_path, TEXT + "one more line\n", "char", "--val_fraction", "0.2")
-    assert "already prepared" not in capsys.readouterr().out and (out / "val.bin").stat().st_size > 0
+    assert ("already prepared" not in capsys.readouterr().out
+            and (out / "val.bin").stat().st_size > 0)
 
 
 def test_failure_midway_leaves_no_partial_files(tmp_path, monkeypatch):
@@ -189,7 +196,8 @@ def test_crash_before_meta_never_pairs_old_meta_with_new_bins(tmp_path, monkeypa
 
     def crash(*args):
         raise KeyboardInterrupt
-    monkeypatch.setattr(prepare_data, "write_meta", crash)  # dies after the new bins got their names
+    # dies after the new bins got their names
+    monkeypatch.setattr(prepare_data, "write_meta", crash)
     with pytest.raises(KeyboardInterrupt):
         prepare(tmp_path, other)
     monkeypatch.undo()
@@ -229,39 +237,45 @@ def stream_of(docs):
 
 def test_write_documents_eot_budget_and_split(tmp_path):
     stream = stream_of(DOCS)
-    prepare_data.write_documents(iter(DOCS), tmp_path / "all", num_tokens=10**6, val_tokens=9, processes=2)
+    prepare_data.write_documents(iter(DOCS), tmp_path / "all", num_tokens=10**6, val_tokens=9,
+                                 processes=2)
     meta, train, val = read_set(tmp_path / "all")
     assert val.tolist() + train.tolist() == stream  # EOT before each document
     assert len(val) == meta["val_tokens"] == 9 and meta["train_tokens"] == len(stream) - 9
     fingerprint = hashlib.sha256(b"".join(hashlib.sha256(d.encode()).digest() for d in DOCS))
     assert meta["source_sha256"] == fingerprint.hexdigest()  # which documents were used, in order
     budget = len(stream) // 2 + 1
-    prepare_data.write_documents(DOCS, tmp_path / "half", num_tokens=budget, val_tokens=5, processes=2)
+    prepare_data.write_documents(DOCS, tmp_path / "half", num_tokens=budget, val_tokens=5,
+                                 processes=2)
     meta, train, val = read_set(tmp_path / "half")
     assert val.tolist() + train.tolist() == stream[:budget]
     assert (len(val), len(train)) == (5, budget - 5) == (meta["val_tokens"], meta["train_tokens"])
     starts = np.cumsum([0] + [len(stream_of([d])) for d in DOCS])[:-1]
-    used = [d for d, start in zip(DOCS, starts) if start < budget]   # a cut document counts, later ones do not
+    # a cut document counts, later ones do not
+    used = [d for d, start in zip(DOCS, starts) if start < budget]
     assert 0 < len(used) < len(DOCS)
-    assert meta["source_sha256"] == hashlib.sha256(b"".join(hashlib.sha256(d.encode()).digest() for d in used)).hexdigest()
+    assert meta["source_sha256"] == hashlib.sha256(
+        b"".join(hashlib.sha256(d.encode()).digest() for d in used)).hexdigest()
     assert meta["vocab_size"] == 50257 and meta["tokenizer"] == "gpt2"
 
 
 def test_write_documents_byte_puts_256_before_each_document(tmp_path):
     docs = DOCS + ["Ünïcödé — 你好 🙂"]
     stream = [t for d in docs for t in [256] + list(d.encode("utf-8"))]
-    prepare_data.write_documents(iter(docs), tmp_path / "b", num_tokens=10**6, val_tokens=9, processes=2,
-                                 tokenizer="byte")
+    prepare_data.write_documents(iter(docs), tmp_path / "b", num_tokens=10**6, val_tokens=9,
+                                 processes=2, tokenizer="byte")
     meta, train, val = read_set(tmp_path / "b")
     assert val.tolist() + train.tolist() == stream
     assert (meta["tokenizer"], meta["vocab_size"]) == ("byte", 257)
     fingerprint = hashlib.sha256(b"".join(hashlib.sha256(d.encode()).digest() for d in docs))
-    assert meta["source_sha256"] == fingerprint.hexdigest()   # the same fingerprint as the gpt2 path's
+    # the same fingerprint as the gpt2 path's
+    assert meta["source_sha256"] == fingerprint.hexdigest()
 
 
 def test_write_documents_too_few_tokens(tmp_path):
     with pytest.raises(SystemExit) as e:
-        prepare_data.write_documents(["tiny"], tmp_path / "o", num_tokens=100, val_tokens=50, processes=1)
+        prepare_data.write_documents(["tiny"], tmp_path / "o", num_tokens=100, val_tokens=50,
+                                     processes=1)
     assert "val_tokens" in error_of(e)
     assert list((tmp_path / "o").iterdir()) == []
 
@@ -269,17 +283,21 @@ def test_write_documents_too_few_tokens(tmp_path):
 def test_fineweb_without_datasets(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # makes `import datasets` fail
     with pytest.raises(SystemExit) as e:
-        prepare_data.main(["fineweb_edu", "--num_tokens", "1000", "--out_dir", str(tmp_path / "fw")])
+        prepare_data.main(["fineweb_edu", "--num_tokens", "1000", "--out_dir",
+                           str(tmp_path / "fw")])
     assert "pip install datasets" in error_of(e)
     assert not (tmp_path / "fw").exists()
 
 
 def test_fineweb_error_is_one_line_without_traceback(tmp_path):
     code = ("import sys; sys.modules['datasets'] = None; import prepare_data; "
-            f"prepare_data.main(['fineweb_edu', '--num_tokens', '1000', '--out_dir', {str(tmp_path / 'fw')!r}])")
-    r = subprocess.run([sys.executable, "-c", code], cwd=Path(prepare_data.__file__).parent, capture_output=True, text=True)
+            "prepare_data.main(['fineweb_edu', '--num_tokens', '1000', '--out_dir', "
+            f"{str(tmp_path / 'fw')!r}])")
+    r = subprocess.run([sys.executable, "-c", code], cwd=Path(prepare_data.__file__).parent,
+                       capture_output=True, text=True)
     assert r.returncode == 1 and r.stdout == ""
-    assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1 and "pip install datasets" in r.stderr
+    assert (r.stderr.startswith("error: ") and r.stderr.count("\n") == 1
+            and "pip install datasets" in r.stderr)
 
 
 def fake_datasets(load_dataset):
@@ -292,8 +310,8 @@ def test_fineweb_download_failure(tmp_path, monkeypatch, tokenizer):
         raise ConnectionError("Couldn't reach huggingface.co\nmore detail")
     monkeypatch.setitem(sys.modules, "datasets", fake_datasets(offline))
     with pytest.raises(SystemExit) as e:
-        prepare_data.main(["fineweb_edu", "--num_tokens", "1000", "--processes", "1", "--tokenizer", tokenizer,
-                           "--out_dir", str(tmp_path / "fw")])
+        prepare_data.main(["fineweb_edu", "--num_tokens", "1000", "--processes", "1",
+                           "--tokenizer", tokenizer, "--out_dir", str(tmp_path / "fw")])
     assert "could not download FineWeb-Edu" in error_of(e) and "prepare_data.py text" in error_of(e)
     assert list((tmp_path / "fw").iterdir()) == []
 
@@ -303,7 +321,8 @@ def test_fineweb_with_a_local_stand_in(tmp_path, monkeypatch, capsys):
         assert (path, name, streaming) == ("HuggingFaceFW/fineweb-edu", "sample-10BT", True)
         return iter({"text": d} for d in DOCS)
     monkeypatch.setitem(sys.modules, "datasets", fake_datasets(load_dataset))
-    args = ["fineweb_edu", "--num_tokens", "60", "--val_tokens", "10", "--processes", "2", "--out_dir", str(tmp_path / "fw")]
+    args = ["fineweb_edu", "--num_tokens", "60", "--val_tokens", "10", "--processes", "2",
+            "--out_dir", str(tmp_path / "fw")]
     prepare_data.main(args)
     meta, train, val = read_set(tmp_path / "fw")
     assert val.tolist() + train.tolist() == stream_of(DOCS)[:60] and len(val) == 10
@@ -313,10 +332,11 @@ def test_fineweb_with_a_local_stand_in(tmp_path, monkeypatch, capsys):
     assert "already prepared" in capsys.readouterr().out
 
 
-# --- FineWeb-Edu from local shards (offline, through `datasets`) -----------------------------------------
+# --- FineWeb-Edu from local shards (offline, through `datasets`) ---------------------------------
 
 def write_shards(tmp_path, fmt, docs, n_shards=2):
-    """docs split over n_shards files shard_0.fmt, shard_1.fmt... with an extra column, as FineWeb-Edu's."""
+    """docs split over n_shards files shard_0.fmt, shard_1.fmt... with an extra column, as
+    FineWeb-Edu's."""
     d = tmp_path / "shards"
     d.mkdir(exist_ok=True)
     per = -(-len(docs) // n_shards)
@@ -326,31 +346,37 @@ def write_shards(tmp_path, fmt, docs, n_shards=2):
         if fmt == "parquet":
             pa = pytest.importorskip("pyarrow")
             import pyarrow.parquet as pq
-            pq.write_table(pa.table({"id": [f"{k}-{i}" for i in range(len(part))], "text": part}), path)
+            pq.write_table(pa.table({"id": [f"{k}-{i}" for i in range(len(part))], "text": part}),
+                           path)
         else:
-            path.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(part)))
+            path.write_text("".join(json.dumps({"id": i, "text": t}) + "\n"
+                                    for i, t in enumerate(part)))
     return d
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
-def test_fineweb_from_local_shards_offline_decodes_to_the_documents(tmp_path, monkeypatch, capsys, fmt):
+def test_fineweb_from_local_shards_offline_decodes_to_the_documents(
+        tmp_path, monkeypatch, capsys, fmt):
     pytest.importorskip("datasets")
     docs = [f"Document {i}: " + TEXT[i * 7:i * 7 + 50 + i] for i in range(40)]
     shards = write_shards(tmp_path, fmt, docs)
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     out = tmp_path / "fw"
-    args = ["fineweb_edu", "--data_files", str(shards / f"*.{fmt}"), "--num_tokens", "1e6", "--val_tokens", "100",
-            "--num_proc", "2", "--out_dir", str(out)]
+    args = ["fineweb_edu", "--data_files", str(shards / f"*.{fmt}"), "--num_tokens", "1e6",
+            "--val_tokens", "100", "--num_proc", "2", "--out_dir", str(out)]
     prepare_data.main(args)
     meta, train, val = read_set(out)
     _, decode = tokens.get_tokenizer(meta)
-    assert decode(val.tolist() + train.tolist()) == "".join("<|endoftext|>" + d for d in docs)   # shards in order
+    # shards in order
+    assert decode(val.tolist() + train.tolist()) == "".join("<|endoftext|>" + d for d in docs)
     assert len(val) == meta["val_tokens"] == 100 and meta["train_tokens"] == len(train)
-    assert meta["source"] == f"local {'parquet' if fmt == 'parquet' else 'json'} files: {shards}/*.{fmt}"
+    assert meta["source"] == (
+        f"local {'parquet' if fmt == 'parquet' else 'json'} files: {shards}/*.{fmt}")
     capsys.readouterr()
     prepare_data.main(args)
     assert "already prepared" in capsys.readouterr().out
-    write_shards(tmp_path, fmt, docs[:10], n_shards=1)   # shard_0 changed: prepared again, with the budget
+    # shard_0 changed: prepared again, with the budget
+    write_shards(tmp_path, fmt, docs[:10], n_shards=1)
     prepare_data.main([*args[:4], "300", *args[5:]])
     meta, train, val = read_set(out)
     assert val.tolist() + train.tolist() == stream_of(docs[:10])[:300]
@@ -363,8 +389,8 @@ def test_fineweb_local_shards_byte_tokenizer(tmp_path, monkeypatch, capsys, fmt)
     shards = write_shards(tmp_path, fmt, docs)
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     out = tmp_path / "fw"
-    args = ["fineweb_edu", "--data_files", str(shards / f"*.{fmt}"), "--num_tokens", "1e6", "--val_tokens", "100",
-            "--num_proc", "2", "--out_dir", str(out)]
+    args = ["fineweb_edu", "--data_files", str(shards / f"*.{fmt}"), "--num_tokens", "1e6",
+            "--val_tokens", "100", "--num_proc", "2", "--out_dir", str(out)]
     prepare_data.main(args)   # gpt2 first: its folder must not be reused for the byte request
     capsys.readouterr()
     prepare_data.main([*args, "--tokenizer", "byte"])
@@ -378,34 +404,39 @@ def test_fineweb_local_shards_byte_tokenizer(tmp_path, monkeypatch, capsys, fmt)
     prepare_data.main([*args, "--tokenizer", "byte"])
     assert "already prepared" in capsys.readouterr().out
     prepare_data.main(args)   # and back: the byte set is not taken for a gpt2 one
-    assert "already prepared" not in capsys.readouterr().out and read_set(out)[0]["tokenizer"] == "gpt2"
+    assert ("already prepared" not in capsys.readouterr().out
+            and read_set(out)[0]["tokenizer"] == "gpt2")
 
 
 def test_fineweb_local_shards_errors_are_one_line(tmp_path):
     with pytest.raises(SystemExit) as e:
-        prepare_data.main(["fineweb_edu", "--data_files", str(tmp_path / "none" / "*.parquet"), "--out_dir", str(tmp_path / "fw")])
+        prepare_data.main(["fineweb_edu", "--data_files", str(tmp_path / "none" / "*.parquet"),
+                           "--out_dir", str(tmp_path / "fw")])
     assert "matches no file" in error_of(e) and "--data_files" in error_of(e)
     (tmp_path / "a.parquet").write_bytes(b"x")
     (tmp_path / "b.txt").write_text("x")
     with pytest.raises(SystemExit) as e:
-        prepare_data.main(["fineweb_edu", "--data_files", str(tmp_path / "*"), "--out_dir", str(tmp_path / "fw")])
+        prepare_data.main(["fineweb_edu", "--data_files", str(tmp_path / "*"), "--out_dir",
+                           str(tmp_path / "fw")])
     assert "not all .parquet or all .jsonl" in error_of(e)
     pytest.importorskip("datasets")
     (tmp_path / "b.txt").unlink()
     with pytest.raises(SystemExit) as e:   # not a parquet file: the reader's error, in one line
-        prepare_data.main(["fineweb_edu", "--data_files", str(tmp_path / "*.parquet"), "--num_proc", "1",
-                           "--out_dir", str(tmp_path / "fw")])
+        prepare_data.main(["fineweb_edu", "--data_files", str(tmp_path / "*.parquet"),
+                           "--num_proc", "1", "--out_dir", str(tmp_path / "fw")])
     assert "could not read the local files" in error_of(e)
     assert not (tmp_path / "fw" / "meta.json").exists()
     write_shards(tmp_path, "jsonl", ["a doc"], n_shards=1)
     with pytest.raises(SystemExit) as e:
-        prepare_data.main(["fineweb_edu", "--data_files", str(tmp_path / "shards" / "*.jsonl"), "--text_field", "body",
-                           "--num_proc", "1", "--out_dir", str(tmp_path / "fw")])
+        prepare_data.main(["fineweb_edu", "--data_files", str(tmp_path / "shards" / "*.jsonl"),
+                           "--text_field", "body", "--num_proc", "1", "--out_dir",
+                           str(tmp_path / "fw")])
     assert "no 'body' field" in error_of(e) and "--text_field" in error_of(e)
 
 
 @pytest.mark.parametrize("name", ["..", "a/b", "", ".hidden"])
-def test_a_name_that_is_not_one_folder_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys, name):
+def test_a_name_that_is_not_one_folder_is_refused_before_anything_is_written(
+        tmp_path, monkeypatch, capsys, name):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "in.txt").write_text("some text to prepare, long enough for both splits " * 4)
     with pytest.raises(SystemExit) as e:
@@ -414,10 +445,11 @@ def test_a_name_that_is_not_one_folder_is_refused_before_anything_is_written(tmp
     assert sorted(os.listdir(tmp_path)) == ["in.txt"]
 
 
-# --- the data folder and meta.json's values (issue 20, items 18 and 20) ------------------------------------------
+# --- the data folder and meta.json's values (issue 20, items 18 and 20) --------------------------
 
 def test_a_dataset_is_prepared_where_train_py_looks_for_it(tmp_path, monkeypatch):
-    """One rule for every tool: data/<name> under the working directory, wherever the scripts live."""
+    """One rule for every tool: data/<name> under the working directory, wherever the scripts
+    live."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "in.txt").write_text("some text to prepare, long enough for both splits " * 4)
     prepare_data.main(["text", "--input", "in.txt", "--name", "here", "--tokenizer", "char"])
@@ -432,26 +464,31 @@ def test_a_dataset_is_prepared_where_train_py_looks_for_it(tmp_path, monkeypatch
     ({"vocab_size": "65"}, "has vocab_size='65', not a whole number from 1 to 65536"),
     ({"vocab_size": True}, "has vocab_size=True"),
     ({"vocab_size": 70000}, "not a whole number from 1 to 65536"),
-    ({"chars": None}, "has no 'chars' string of vocab_size=3 distinct characters (chars: NoneType)"),
+    ({"chars": None},
+     "has no 'chars' string of vocab_size=3 distinct characters (chars: NoneType)"),
     ({"chars": "abcd"}, "(chars: str of 4)"),
     ({"chars": "aab"}, "distinct characters"),
     ({"tokenizer": "bpe"}, "names tokenizer 'bpe', not 'char', 'gpt2' or 'byte'"),
     ({"tokenizer": "gpt2"}, "has vocab_size=3 for GPT-2's BPE, which has 50257"),
-    ({"tokenizer": "byte", "vocab_size": 50257}, "has vocab_size=50257 for the byte tokenizer, which has 257"),
+    ({"tokenizer": "byte", "vocab_size": 50257},
+     "has vocab_size=50257 for the byte tokenizer, which has 257"),
 ])
 def test_meta_json_values_are_checked_in_one_sentence(tmp_path, change, words):
     meta = {"tokenizer": "char", "vocab_size": 3, "chars": "abc", **change}
-    (tmp_path / "meta.json").write_text(json.dumps({k: v for k, v in meta.items() if v is not None}))
+    (tmp_path / "meta.json").write_text(json.dumps({k: v for k, v in meta.items()
+                                                    if v is not None}))
     with pytest.raises(SystemExit) as e:
         tokens.load_meta(tmp_path)
     msg = error_of(e)
-    assert msg.startswith(f"error: {tmp_path / 'meta.json'} ") and words in msg and msg.endswith(": prepare the dataset again")
+    assert (msg.startswith(f"error: {tmp_path / 'meta.json'} ") and words in msg
+            and msg.endswith(": prepare the dataset again"))
 
 
-# --- bad sources and a full disk: one sentence, nothing replaced (issue 20, item 17) --------------------------
+# --- bad sources and a full disk: one sentence, nothing replaced (issue 20, item 17) -------------
 
-@pytest.mark.parametrize("arg", [["--num_tokens", "inf"], ["--num_tokens", "nan"], ["--num_tokens", "0"],
-                                 ["--val_tokens", "1.5"], ["--num_proc", "0"], ["--num_proc", "x"]])
+@pytest.mark.parametrize("arg", [["--num_tokens", "inf"], ["--num_tokens", "nan"],
+                                 ["--num_tokens", "0"], ["--val_tokens", "1.5"],
+                                 ["--num_proc", "0"], ["--num_proc", "x"]])
 def test_bad_counts_are_one_argparse_line(tmp_path, capsys, arg):
     with pytest.raises(SystemExit) as e:
         prepare_data.main(["fineweb_edu", *arg, "--out_dir", str(tmp_path / "fw")])
@@ -461,16 +498,19 @@ def test_bad_counts_are_one_argparse_line(tmp_path, capsys, arg):
 
 
 @pytest.mark.parametrize("rows,what", [([{"text": "a doc"}, {"text": None}], "NoneType"),
-                                       ([{"text": "a doc"}, {"id": 2}], "NoneType"),   # a row without the field
+                                       # a row without the field
+                                       ([{"text": "a doc"}, {"id": 2}], "NoneType"),
                                        ([{"text": 7}], "int")])
 def test_a_row_without_text_is_one_sentence(tmp_path, rows, what):
     pytest.importorskip("datasets")
     (tmp_path / "shards").mkdir()
     (tmp_path / "shards" / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(SystemExit) as e:
-        prepare_data.main(["fineweb_edu", "--data_files", str(tmp_path / "shards" / "*.jsonl"), "--num_proc", "1",
-                           "--num_tokens", "1000", "--out_dir", str(tmp_path / "fw")])
-    assert f"is {what}" in error_of(e) and "not text" in error_of(e) and "fix or drop that row" in error_of(e)
+        prepare_data.main(["fineweb_edu", "--data_files", str(tmp_path / "shards" / "*.jsonl"),
+                           "--num_proc", "1", "--num_tokens", "1000", "--out_dir",
+                           str(tmp_path / "fw")])
+    assert (f"is {what}" in error_of(e) and "not text" in error_of(e)
+            and "fix or drop that row" in error_of(e))
     assert not (tmp_path / "fw" / "meta.json").exists()
 
 
@@ -492,7 +532,8 @@ def test_a_full_disk_is_one_sentence_and_keeps_the_earlier_set(tmp_path, monkeyp
     (tmp_path / "input.txt").write_text(TEXT + "more text ")   # another source: prepared again
     monkeypatch.setattr(prepare_data, "open", FullDisk, raising=False)
     with pytest.raises(SystemExit) as e:
-        prepare_data.main(["text", "--input", str(tmp_path / "input.txt"), "--name", "tiny", "--tokenizer", "char",
-                           "--out_dir", str(out)])
-    assert "train.bin.tmp" in error_of(e) and "(the disk is full)" in error_of(e) and "keeps its earlier set" in error_of(e)
+        prepare_data.main(["text", "--input", str(tmp_path / "input.txt"), "--name", "tiny",
+                           "--tokenizer", "char", "--out_dir", str(out)])
+    assert ("train.bin.tmp" in error_of(e) and "(the disk is full)" in error_of(e)
+            and "keeps its earlier set" in error_of(e))
     assert snapshot(out) == before

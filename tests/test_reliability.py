@@ -1,5 +1,5 @@
-"""Faults a long pre-training run meets: kills, preemption, bad checkpoints, bad data, a diverging loss.
-Each test runs train.py in subprocesses, as a cluster would."""
+"""Faults a long pre-training run meets: kills, preemption, bad checkpoints, bad data, a diverging
+loss. Each test runs train.py in subprocesses, as a cluster would."""
 import errno
 import json
 import os
@@ -20,8 +20,9 @@ from helpers import ENV, TINY_MODEL, records, train
 
 
 def start(wd, *args):
-    return subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *TINY_MODEL, *args], cwd=wd, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *TINY_MODEL, *args],
+                            cwd=wd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
 
 
 def wait_for(predicate, timeout=60):
@@ -33,7 +34,8 @@ def wait_for(predicate, timeout=60):
 
 
 def read_until(p, prefix):
-    """Read p's stdout up to a line that starts with prefix (the loop has started once 'step 0:' is out)."""
+    """Read p's stdout up to a line that starts with prefix (the loop has started once 'step 0:' is
+    out)."""
     for line in p.stdout:
         if line.startswith(prefix):
             return line
@@ -43,42 +45,53 @@ def read_until(p, prefix):
 @pytest.mark.slow
 def test_sigterm_finishes_the_step_saves_and_exits_0_and_a_second_trainer_is_refused(workdir):
     p = start(workdir, "--out_dir=out_term", "--max_iters=100000", "--eval_interval=100000")
-    wait_for(lambda: os.path.exists(workdir / "out_term" / "metrics.jsonl") and len(records(workdir, "out_term", "train")) >= 3)
-    # a requeued job on the same out_dir while this one runs: one sentence naming the holder, nothing touched
+    wait_for(lambda: os.path.exists(workdir / "out_term" / "metrics.jsonl")
+             and len(records(workdir, "out_term", "train")) >= 3)
+    # a requeued job on the same out_dir while this one runs: one sentence naming the holder,
+    # nothing touched
     second = train(workdir, "--out_dir=out_term", "--overwrite=True", check=False)
-    assert second.returncode != 0 and f"in use by another trainer (pid {p.pid})" in second.stderr, second.stderr
+    assert (second.returncode != 0
+            and f"in use by another trainer (pid {p.pid})" in second.stderr), second.stderr
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 0, err
     steps = len(records(workdir, "out_term", "train"))
     path, state = checkpoint.load_latest(workdir / "out_term")
-    assert state["iter_num"] == steps and path.endswith(f"ckpt_{steps:07d}.pt")   # the step it was on
+    # the step it was on
+    assert state["iter_num"] == steps and path.endswith(f"ckpt_{steps:07d}.pt")
     assert "stop signal" in out
 
 
 @pytest.mark.slow
 def test_a_stop_signal_after_divergence_saves_no_nan_checkpoint(workdir):
-    """log_interval too large to see the loss: the save itself checks the last step's loss and the weights."""
-    p = start(workdir, "--out_dir=out_nan", "--overwrite=True", "--max_iters=100000", "--eval_interval=100000",
-              "--log_interval=100000", "--learning_rate=1e30", "--warmup_iters=0")
+    """log_interval too large to see the loss: the save itself checks the last step's loss and the
+    weights."""
+    p = start(workdir, "--out_dir=out_nan", "--overwrite=True", "--max_iters=100000",
+              "--eval_interval=100000", "--log_interval=100000", "--learning_rate=1e30",
+              "--warmup_iters=0")
     read_until(p, "step 0:")
     time.sleep(1.0)   # some steps at lr=1e30
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=60)
     last = err.strip().splitlines()[-1]
     assert p.returncode == 1 and "Traceback" not in err, err
-    assert ("training loss is nan" in last or "a weight is nan" in last) and "no checkpoint was saved" in last, last
-    assert not os.path.exists(workdir / "out_nan" / "latest") and not checkpoint.checkpoints(workdir / "out_nan")
+    assert (("training loss is nan" in last or "a weight is nan" in last)
+            and "no checkpoint was saved" in last), last
+    assert (not os.path.exists(workdir / "out_nan" / "latest")
+            and not checkpoint.checkpoints(workdir / "out_nan"))
 
 
 @pytest.mark.slow
 def test_ddp_stop_signal_with_a_large_log_interval_saves_before_torchrun_kills(workdir):
-    """torchrun forwards SIGTERM to the workers and SIGKILLs them 30 s later: the flag is shared every step,
-    so the save comes within a step, not within log_interval steps. torchrun itself then exits 1."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", os.path.join(ROOT, "train.py"),
-           *TINY_MODEL, "--out_dir=out_ddp_stop", "--overwrite=True", "--gradient_accumulation_steps=2",
-           "--max_iters=100000", "--eval_interval=100000", "--log_interval=100000"]
-    p = subprocess.Popen(cmd, cwd=workdir, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    """torchrun forwards SIGTERM to the workers and SIGKILLs them 30 s later: the flag is shared
+    every step, so the save comes within a step, not within log_interval steps. torchrun itself
+    then exits 1."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           os.path.join(ROOT, "train.py"), *TINY_MODEL, "--out_dir=out_ddp_stop",
+           "--overwrite=True", "--gradient_accumulation_steps=2", "--max_iters=100000",
+           "--eval_interval=100000", "--log_interval=100000"]
+    p = subprocess.Popen(cmd, cwd=workdir, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
     read_until(p, "step 0:")
     time.sleep(1.0)
     t0 = time.time()
@@ -89,19 +102,22 @@ def test_ddp_stop_signal_with_a_large_log_interval_saves_before_torchrun_kills(w
     assert "terminate called" not in err and "exitcode  : -" not in err, err   # no rank aborted
     assert p.returncode == 1   # torchrun's own SignalException, whatever its workers did
     path, state = checkpoint.load_latest(workdir / "out_ddp_stop")
-    assert state["iter_num"] > 0 and f"saved {os.path.join('out_ddp_stop', os.path.basename(path))}" in out
+    assert (state["iter_num"] > 0
+            and f"saved {os.path.join('out_ddp_stop', os.path.basename(path))}" in out)
 
 
 @pytest.mark.slow
 def test_sigkill_during_a_save_resumes_from_the_previous_complete_checkpoint(workdir):
-    """Saves every step with a model large enough that a save takes a while (~50 MB with AdamW's state).
-    The first kill lands at a random moment; the second as soon as a temporary checkpoint file appears, so
-    it interrupts a save: `latest` still names the previous complete checkpoint and the run resumes from it."""
+    """Saves every step with a model large enough that a save takes a while (~50 MB with AdamW's
+    state). The first kill lands at a random moment; the second as soon as a temporary checkpoint
+    file appears, so it interrupts a save: `latest` still names the previous complete checkpoint
+    and the run resumes from it."""
     out = workdir / "out_kill"
-    big = ["--n_layer=4", "--n_embd=384", "--n_head=4", "--eval_interval=1", "--eval_iters=1", "--keep_checkpoints=2",
-           "--out_dir=out_kill", "--overwrite=True", "--max_iters=100000"]
+    big = ["--n_layer=4", "--n_embd=384", "--n_head=4", "--eval_interval=1", "--eval_iters=1",
+           "--keep_checkpoints=2", "--out_dir=out_kill", "--overwrite=True", "--max_iters=100000"]
     p = start(workdir, *big)
-    wait_for(lambda: checkpoint.candidates(out) and checkpoint.load_latest(out)[1]["iter_num"] >= 1, timeout=120)
+    wait_for(lambda: (checkpoint.candidates(out)
+                      and checkpoint.load_latest(out)[1]["iter_num"] >= 1), timeout=120)
     time.sleep(random.Random(0).uniform(0.0, 1.0))
     p.kill()
     p.wait()
@@ -109,20 +125,23 @@ def test_sigkill_during_a_save_resumes_from_the_previous_complete_checkpoint(wor
 
     p = start(workdir, *big, "--init_from=resume")
     def temporary_checkpoint():
-        return next((n for n in os.listdir(out) if re.fullmatch(rf"ckpt_\d+\.pt\.tmp{p.pid}", n)), None)
+        return next((n for n in os.listdir(out)
+                     if re.fullmatch(rf"ckpt_\d+\.pt\.tmp{p.pid}", n)), None)
     t0 = time.time()
     while (tmp := temporary_checkpoint()) is None:
         assert time.time() - t0 < 120 and p.poll() is None, "no save began"
         time.sleep(0.002)
     p.kill()
     p.wait()
-    assert os.path.exists(out / tmp), "the kill landed after the save completed"   # it did interrupt a write
+    # it did interrupt a write
+    assert os.path.exists(out / tmp), "the kill landed after the save completed"
     path, state = checkpoint.load_latest(out)
-    assert last <= state["iter_num"] < checkpoint.step_of(tmp.split(".tmp")[0])   # the previous complete one
+    # the previous complete one
+    assert last <= state["iter_num"] < checkpoint.step_of(tmp.split(".tmp")[0])
 
     p = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *TINY_MODEL, *big[:-2],
-                        f"--max_iters={state['iter_num'] + 2}", "--init_from=resume"], cwd=workdir, env=ENV,
-                       capture_output=True, text=True)
+                        f"--max_iters={state['iter_num'] + 2}", "--init_from=resume"],
+                       cwd=workdir, env=ENV, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert f"resuming from {os.path.join('out_kill', os.path.basename(path))}" in p.stdout
     assert checkpoint.load_latest(out)[1]["iter_num"] == state["iter_num"] + 2
@@ -136,29 +155,35 @@ def test_a_full_disk_is_one_sentence_and_the_run_resumes_once_there_is_room(work
         pytest.skip("mounting a tmpfs needs root")
     mnt = workdir / "out_full"
     mnt.mkdir(exist_ok=True)
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True).returncode:
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
+                      capture_output=True).returncode:
         pytest.skip("cannot mount a tmpfs here")
     try:
         args = ["--out_dir=out_full", "--eval_interval=1", "--keep_checkpoints=1000"]
-        for resume in ([], ["--init_from=resume"]):   # the full disk met mid-run, then again on resume
+        # the full disk met mid-run, then again on resume
+        for resume in ([], ["--init_from=resume"]):
             p = train(workdir, *args, *resume, "--max_iters=1000", check=False)
             last = p.stderr.strip().splitlines()[-1]
             assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
-            assert last.startswith("error: cannot write") and "disk is full (errno 28, ENOSPC)" in last and "still names ckpt_" in last, last
+            assert (last.startswith("error: cannot write")
+                    and "disk is full (errno 28, ENOSPC)" in last
+                    and "still names ckpt_" in last), last
             path, state = checkpoint.load_latest(mnt)   # what `latest` names is complete
             assert os.path.basename(path) in last
         subprocess.run(["mount", "-o", "remount,size=16m", str(mnt)], check=True)
         for old in checkpoint.checkpoints(mnt)[:-1]:
             os.remove(old)
         train(workdir, *args, "--init_from=resume", f"--max_iters={state['iter_num'] + 2}")
-        assert [r["iter"] for r in records(workdir, "out_full", "train")] == list(range(1, state["iter_num"] + 3))
+        assert ([r["iter"] for r in records(workdir, "out_full", "train")]
+                == list(range(1, state["iter_num"] + 3)))
     finally:
         subprocess.run(["umount", str(mnt)])
 
 
 @pytest.fixture(scope="module")
 def two_checkpoints_made_once(workdir):
-    train(workdir, "--out_dir=out_two_master", "--overwrite=True", "--max_iters=4", "--eval_interval=2")
+    train(workdir, "--out_dir=out_two_master", "--overwrite=True", "--max_iters=4",
+          "--eval_interval=2")
     return workdir / "out_two_master"
 
 
@@ -176,9 +201,12 @@ def test_a_truncated_checkpoint_is_named_and_fallback_is_opt_in(workdir, two_che
     newest = checkpoint.candidates(two_checkpoints)[0]
     with open(newest, "r+b") as f:
         f.truncate(os.path.getsize(newest) // 2)
-    p = train(workdir, "--out_dir=out_two", "--max_iters=6", "--eval_interval=2", "--init_from=resume", check=False)
-    assert p.returncode != 0 and os.path.basename(newest) in p.stderr and "resume_fallback" in p.stderr
-    train(workdir, "--out_dir=out_two", "--max_iters=6", "--eval_interval=2", "--init_from=resume", "--resume_fallback=True")
+    p = train(workdir, "--out_dir=out_two", "--max_iters=6", "--eval_interval=2",
+              "--init_from=resume", check=False)
+    assert (p.returncode != 0 and os.path.basename(newest) in p.stderr
+            and "resume_fallback" in p.stderr)
+    train(workdir, "--out_dir=out_two", "--max_iters=6", "--eval_interval=2", "--init_from=resume",
+          "--resume_fallback=True")
     assert checkpoint.load_latest(two_checkpoints)[1]["iter_num"] == 6
 
 
@@ -198,56 +226,70 @@ def test_a_checkpoint_with_a_disallowed_object_is_refused(two_checkpoints):
 
 @pytest.mark.slow
 def test_resume_with_another_model_lists_the_mismatched_keys(workdir, two_checkpoints):
-    p = train(workdir, "--out_dir=out_two", "--max_iters=6", "--init_from=resume", "--n_embd=64", "--sv_hetero=True",
-              "--optimizer=muon", check=False)
-    assert p.returncode != 0 and all(k in p.stderr for k in ("n_embd", "sv_hetero", "optimizer")), p.stderr
+    p = train(workdir, "--out_dir=out_two", "--max_iters=6", "--init_from=resume", "--n_embd=64",
+              "--sv_hetero=True", "--optimizer=muon", check=False)
+    assert (p.returncode != 0
+            and all(k in p.stderr for k in ("n_embd", "sv_hetero", "optimizer"))), p.stderr
 
 
 @pytest.mark.slow
 def test_a_checkpoint_of_another_model_version_is_one_clear_error(workdir, two_checkpoints):
-    """Weights renamed (as a later model.py might) or model_args with a key this model.py lacks: train.py and
-    sample.py stop with one sentence naming the file, and the checkpoint stays as it was."""
+    """Weights renamed (as a later model.py might) or model_args with a key this model.py lacks:
+    train.py and sample.py stop with one sentence naming the file, and the checkpoint stays as it
+    was."""
     path = checkpoint.candidates(two_checkpoints)[0]
     state = torch.load(path, weights_only=True)
     state["model"]["blocks.0.attn.qkv.g_in.gain"] = state["model"].pop("blocks.0.attn.qkv.g_in.g")
     torch.save(state, path)
     size = os.path.getsize(path)
-    sample = lambda: subprocess.run([sys.executable, os.path.join(ROOT, "sample.py"), "--out_dir=out_two", "--max_new_tokens=2"],
-                                    cwd=workdir, env=ENV, capture_output=True, text=True, timeout=120)
-    for p in (train(workdir, "--out_dir=out_two", "--max_iters=6", "--init_from=resume", check=False), sample()):
+    sample = lambda: subprocess.run([sys.executable, os.path.join(ROOT, "sample.py"),
+                                     "--out_dir=out_two", "--max_new_tokens=2"], cwd=workdir,
+                                    env=ENV, capture_output=True, text=True, timeout=120)
+    for p in (train(workdir, "--out_dir=out_two", "--max_iters=6", "--init_from=resume",
+                    check=False), sample()):
         last = p.stderr.strip().splitlines()[-1]
         assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
-        assert os.path.basename(path) in last and "does not fit this model" in last and "blocks.0.attn.qkv.g_in.g" in last, last
+        assert (os.path.basename(path) in last and "does not fit this model" in last
+                and "blocks.0.attn.qkv.g_in.g" in last), last
     assert os.path.getsize(path) == size
     state["model_args"]["a_flag_of_another_version"] = True
     torch.save(state, path)
     p = sample()
-    assert p.returncode != 0 and "another version of model.py" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert (p.returncode != 0 and "another version of model.py" in p.stderr
+            and "Traceback" not in p.stderr), p.stderr
 
 
 @pytest.mark.slow
 def test_a_diverging_loss_stops_and_keeps_the_last_good_checkpoint(workdir, two_checkpoints):
     before = checkpoint.load_latest(two_checkpoints)
-    p = train(workdir, "--out_dir=out_two", "--max_iters=40", "--eval_interval=2", "--init_from=resume",
-              "--learning_rate=1e30", "--warmup_iters=0", "--grad_clip=0", check=False)
+    p = train(workdir, "--out_dir=out_two", "--max_iters=40", "--eval_interval=2",
+              "--init_from=resume", "--learning_rate=1e30", "--warmup_iters=0", "--grad_clip=0",
+              check=False)
     assert p.returncode != 0
     assert "loss is" in p.stderr and os.path.basename(before[0]) in p.stderr, p.stderr
     after = checkpoint.load_latest(two_checkpoints)
-    assert after[0] == before[0] and all(torch.equal(after[1]["model"][k], v) for k, v in before[1]["model"].items())
+    assert after[0] == before[0] and all(torch.equal(after[1]["model"][k], v)
+                                         for k, v in before[1]["model"].items())
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fault,message", [("vocab", "beyond vocab_size"), ("no_meta", "meta.json missing"),
-                                           ("no_bin", "val.bin is missing"), ("torn_bin", "train.bin has an odd number of bytes"),
-                                           ("bad_json", "meta.json is not valid JSON"), ("no_vocab", "meta.json lacks vocab_size")])
+@pytest.mark.parametrize("fault,message", [
+    ("vocab", "beyond vocab_size"),
+    ("no_meta", "meta.json missing"),
+    ("no_bin", "val.bin is missing"),
+    ("torn_bin", "train.bin has an odd number of bytes"),
+    ("bad_json", "meta.json is not valid JSON"),
+    ("no_vocab", "meta.json lacks vocab_size"),
+])
 def test_bad_data_says_what_to_run(workdir, fault, message):
     bad = workdir / "data" / f"bad_{fault}"
     shutil.rmtree(bad, ignore_errors=True)
     shutil.copytree(workdir / "data" / "tiny", bad)
     meta = json.loads((bad / "meta.json").read_text())
     if fault in ("vocab", "no_vocab"):
-        (bad / "meta.json").write_text(json.dumps({**meta, "vocab_size": 10, "chars": meta["chars"][:10]} if fault == "vocab" else
-                                                  {k: v for k, v in meta.items() if k != "vocab_size"}))
+        (bad / "meta.json").write_text(json.dumps(
+            {**meta, "vocab_size": 10, "chars": meta["chars"][:10]} if fault == "vocab" else
+            {k: v for k, v in meta.items() if k != "vocab_size"}))
     elif fault == "torn_bin":   # a copy cut short mid-token
         (bad / "train.bin").write_bytes((bad / "train.bin").read_bytes()[:-1])
     elif fault == "bad_json":
@@ -255,18 +297,20 @@ def test_bad_data_says_what_to_run(workdir, fault, message):
     else:
         os.remove(bad / ("meta.json" if fault == "no_meta" else "val.bin"))
     p = train(workdir, f"--dataset=bad_{fault}", "--out_dir=out_bad", "--max_iters=2", check=False)
-    assert p.returncode != 0 and message in p.stderr.strip().splitlines()[-1] and "Traceback" not in p.stderr, p.stderr
+    assert (p.returncode != 0 and message in p.stderr.strip().splitlines()[-1]
+            and "Traceback" not in p.stderr), p.stderr
 
 
-# ---- checkpoint.py and the run folder, in-process ------------------------------------------------------
+# ---- checkpoint.py and the run folder, in-process -----------------------------------------------
 
 def fake_state(step):
-    return {"model": {"w": torch.full((4,), float(step))}, "optimizers": [], "model_args": {}, "config": {},
-            "iter_num": step, "best_val_loss": 1.0}
+    return {"model": {"w": torch.full((4,), float(step))}, "optimizers": [], "model_args": {},
+            "config": {}, "iter_num": step, "best_val_loss": 1.0}
 
 
 def bad_file(kind, path):
-    if kind == "legacy_truncated":   # torch.save's pre-zip format, cut short: IndexError or KeyError inside torch
+    if kind == "legacy_truncated":
+        # torch.save's pre-zip format, cut short: IndexError or KeyError inside torch
         torch.save(fake_state(1), path, _use_new_zipfile_serialization=False)
         path.write_bytes(path.read_bytes()[:200])
     elif kind == "random_bytes":
@@ -289,7 +333,8 @@ def test_any_file_that_does_not_load_is_corrupt_with_the_fallback_hint(tmp_path,
     bad_file(kind, tmp_path / "ckpt_0000002.pt")
     with pytest.raises(checkpoint.CheckpointError) as e:
         checkpoint.load(tmp_path / "ckpt_0000002.pt")
-    assert "corrupt or not a checkpoint of this project" in str(e.value) and "--resume_fallback" in str(e.value)
+    assert ("corrupt or not a checkpoint of this project" in str(e.value)
+            and "--resume_fallback" in str(e.value))
     # ... and --resume_fallback gets past it to the previous checkpoint
     checkpoint.save(tmp_path, fake_state(1), 1)
     (tmp_path / "latest").write_text("ckpt_0000002.pt")
@@ -304,19 +349,23 @@ def test_a_latest_that_is_a_folder_is_one_sentence(tmp_path):
 
 
 def test_keep_last_k_counts_by_iteration_and_this_run_only(tmp_path):
-    """An older run's higher-numbered checkpoints (or a later one skipped by --resume_fallback) take no slot:
-    the newest `keep` of this run survive. Iterations past 9,999,999 sort by number, not by name."""
+    """An older run's higher-numbered checkpoints (or a later one skipped by --resume_fallback)
+    take no slot: the newest `keep` of this run survive. Iterations past 9,999,999 sort by number,
+    not by name."""
     for step in (100, 200):
         torch.save(fake_state(step), tmp_path / f"ckpt_{step:07d}.pt")
     for step in (1, 2, 3):
         checkpoint.save(tmp_path, fake_state(step), step, keep=2)
     names = sorted(os.listdir(tmp_path))
-    assert "ckpt_0000002.pt" in names and "ckpt_0000003.pt" in names and "ckpt_0000001.pt" not in names
-    assert [os.path.basename(p) for p in checkpoint.candidates(tmp_path)] == ["ckpt_0000003.pt", "ckpt_0000002.pt"]
+    assert ("ckpt_0000002.pt" in names and "ckpt_0000003.pt" in names
+            and "ckpt_0000001.pt" not in names)
+    assert ([os.path.basename(p) for p in checkpoint.candidates(tmp_path)]
+            == ["ckpt_0000003.pt", "ckpt_0000002.pt"])
     big = tmp_path / "big"
     for step in (9_999_999, 10_000_000, 10_000_001):
         checkpoint.save(big, fake_state(step), step, keep=2)
-    assert sorted(checkpoint.step_of(p) for p in checkpoint.checkpoints(big)) == [10_000_000, 10_000_001]
+    assert (sorted(checkpoint.step_of(p) for p in checkpoint.checkpoints(big))
+            == [10_000_000, 10_000_001])
     assert checkpoint.load_latest(big)[1]["iter_num"] == 10_000_001
 
 
@@ -329,19 +378,22 @@ def test_save_deletes_only_temporary_files_whose_writer_is_gone(tmp_path):
         (tmp_path / f"ckpt_0000005.pt.tmp{dead.pid}").write_bytes(b"left by a kill -9")
         checkpoint.save(tmp_path, fake_state(1), 1)
         left = os.listdir(tmp_path)
-        assert f"ckpt_0000005.pt.tmp{alive.pid}" in left and f"ckpt_0000005.pt.tmp{dead.pid}" not in left
+        assert (f"ckpt_0000005.pt.tmp{alive.pid}" in left
+                and f"ckpt_0000005.pt.tmp{dead.pid}" not in left)
     finally:
         alive.kill()
         alive.wait()
 
 
 def test_a_second_trainer_on_one_out_dir_is_refused_naming_the_holder(tmp_path):
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time, checkpoint; checkpoint.lock(sys.argv[1]); "
+    holder = subprocess.Popen([sys.executable, "-c",
+                               "import sys, time, checkpoint; checkpoint.lock(sys.argv[1]); "
                                "print('locked', flush=True); time.sleep(30)", str(tmp_path)],
                               cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        with pytest.raises(checkpoint.CheckpointError, match=f"in use by another trainer \\(pid {holder.pid}\\)"):
+        with pytest.raises(checkpoint.CheckpointError,
+                           match=f"in use by another trainer \\(pid {holder.pid}\\)"):
             checkpoint.lock(tmp_path)
     finally:
         holder.kill()
@@ -368,15 +420,19 @@ class FullDisk:
         self.f.close()
 
 
-@pytest.mark.parametrize("room", [100, 0])   # mid-way through torch.save's zip writer / at the first byte
-def test_a_full_disk_is_one_sentence_and_latest_keeps_the_previous_checkpoint(tmp_path, monkeypatch, room):
+# mid-way through torch.save's zip writer / at the first byte
+@pytest.mark.parametrize("room", [100, 0])
+def test_a_full_disk_is_one_sentence_and_latest_keeps_the_previous_checkpoint(
+        tmp_path, monkeypatch, room):
     checkpoint.save(tmp_path, fake_state(1), 1)
     before = sorted(os.listdir(tmp_path))
-    monkeypatch.setattr(checkpoint, "open", lambda path, mode="r": FullDisk(path, mode, room), raising=False)
+    monkeypatch.setattr(checkpoint, "open", lambda path, mode="r": FullDisk(path, mode, room),
+                        raising=False)
     with pytest.raises(checkpoint.CheckpointError) as e:
         checkpoint.save(tmp_path, fake_state(2), 2)
     msg = str(e.value)
-    assert "ckpt_0000002.pt" in msg and "disk is full (errno 28, ENOSPC)" in msg and "still names ckpt_0000001.pt" in msg, msg
+    assert ("ckpt_0000002.pt" in msg and "disk is full (errno 28, ENOSPC)" in msg
+            and "still names ckpt_0000001.pt" in msg), msg
     monkeypatch.undo()
     assert sorted(os.listdir(tmp_path)) == before   # no temporary file left, nothing else touched
     assert checkpoint.load_latest(tmp_path)[1]["iter_num"] == 1
@@ -384,7 +440,8 @@ def test_a_full_disk_is_one_sentence_and_latest_keeps_the_previous_checkpoint(tm
 
 def test_resume_drops_a_torn_metrics_line_and_what_came_after_the_checkpoint(tmp_path, capsys):
     path = tmp_path / "metrics.jsonl"
-    path.write_text("".join(json.dumps({"kind": "train", "iter": i}) + "\n" for i in (1, 2, 3)) + '{"kind": "tr')
+    path.write_text("".join(json.dumps({"kind": "train", "iter": i}) + "\n" for i in (1, 2, 3))
+                    + '{"kind": "tr')
     checkpoint.trim_metrics(path, 2)
     assert [json.loads(line)["iter"] for line in path.read_text().splitlines()] == [1, 2]
     assert "dropped 1 line(s)" in capsys.readouterr().out
@@ -405,19 +462,22 @@ def test_check_out_dir_refuses_a_file_and_a_scratch_run_over_another_run(tmp_pat
     checkpoint.check_out_dir(tmp_path / "new", "scratch", False)
 
 
-# ---- prepare_data.py: never replace a good set with a broken one -----------------------------------------
+# ---- prepare_data.py: never replace a good set with a broken one --------------------------------
 
 @pytest.mark.parametrize("text", ["", "a", "ab"])
 def test_prepare_data_refuses_a_split_too_short_to_train_and_keeps_the_old_set(tmp_path, text):
     import prepare_data
     good, out = tmp_path / "good.txt", tmp_path / "data"
     good.write_text("First Citizen: before we proceed any further, hear me speak.\n" * 10)
-    prepare_data.main(["text", "--input", str(good), "--name", "x", "--tokenizer", "char", "--out_dir", str(out)])
+    prepare_data.main(["text", "--input", str(good), "--name", "x", "--tokenizer", "char",
+                       "--out_dir", str(out)])
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     (tmp_path / "bad.txt").write_text(text)
     with pytest.raises(SystemExit) as e:
-        prepare_data.main(["text", "--input", str(tmp_path / "bad.txt"), "--name", "x", "--tokenizer", "char", "--out_dir", str(out)])
-    assert str(e.value.code).startswith("error:") and "fewer than the 3 a training sequence needs" in str(e.value.code)
+        prepare_data.main(["text", "--input", str(tmp_path / "bad.txt"), "--name", "x",
+                           "--tokenizer", "char", "--out_dir", str(out)])
+    assert (str(e.value.code).startswith("error:")
+            and "fewer than the 3 a training sequence needs" in str(e.value.code))
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
@@ -426,27 +486,33 @@ def test_prepare_data_out_dir_that_is_a_file(tmp_path):
     (tmp_path / "f").write_text("x")
     (tmp_path / "in.txt").write_text("some text " * 20)
     with pytest.raises(SystemExit, match="is a file"):
-        prepare_data.main(["text", "--input", str(tmp_path / "in.txt"), "--name", "x", "--out_dir", str(tmp_path / "f")])
+        prepare_data.main(["text", "--input", str(tmp_path / "in.txt"), "--name", "x",
+                           "--out_dir", str(tmp_path / "f")])
 
 
-# ---- a new run over an old one; a resumed run with another batch ------------------------------------------
+# ---- a new run over an old one; a resumed run with another batch --------------------------------
 
 @pytest.mark.slow
 def test_overwrite_replaces_a_run_and_a_new_global_batch_is_one_warning(workdir, two_checkpoints):
-    p = train(workdir, "--out_dir=out_two", "--init_from=resume", "--max_iters=5", "--eval_interval=5", "--batch_size=8")
-    assert "warning: the checkpoint was trained with 64 tokens per iteration, this run uses 128" in p.stdout, p.stdout
+    p = train(workdir, "--out_dir=out_two", "--init_from=resume", "--max_iters=5",
+              "--eval_interval=5", "--batch_size=8")
+    assert ("warning: the checkpoint was trained with 64 tokens per iteration, this run uses 128"
+            in p.stdout), p.stdout
     train(workdir, "--out_dir=out_two", "--overwrite=True", "--max_iters=2", "--eval_interval=2")
-    assert [os.path.basename(c) for c in checkpoint.checkpoints(two_checkpoints)] == ["ckpt_0000002.pt"]
-    assert [r["iter"] for r in records(workdir, "out_two", "train")] == [1, 2]   # the old run's metrics are gone
+    assert ([os.path.basename(c) for c in checkpoint.checkpoints(two_checkpoints)]
+            == ["ckpt_0000002.pt"])
+    # the old run's metrics are gone
+    assert [r["iter"] for r in records(workdir, "out_two", "train")] == [1, 2]
 
 
-# ---- sample.py ------------------------------------------------------------------------------------------
+# ---- sample.py ----------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def sample_run(workdir):
     """A run on its own copy of the data (re-prepared below with another vocabulary)."""
     shutil.copytree(workdir / "data" / "tiny", workdir / "data" / "tiny_s", dirs_exist_ok=True)
-    train(workdir, "--dataset=tiny_s", "--out_dir=out_sample", "--overwrite=True", "--max_iters=2", "--eval_interval=2")
+    train(workdir, "--dataset=tiny_s", "--out_dir=out_sample", "--overwrite=True", "--max_iters=2",
+          "--eval_interval=2")
     (workdir / "binary.bin").write_bytes(bytes(range(256)) * 4)
     (workdir / "out_folder_latest").mkdir(exist_ok=True)
     (workdir / "out_folder_latest" / "latest").mkdir(exist_ok=True)
@@ -455,7 +521,8 @@ def sample_run(workdir):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("args,message", [
-    (["--start=FILE:missing.txt"], "cannot read the prompt file 'missing.txt' (No such file or directory)"),
+    (["--start=FILE:missing.txt"],
+     "cannot read the prompt file 'missing.txt' (No such file or directory)"),
     (["--start=FILE:binary.bin"], "cannot read the prompt file 'binary.bin' (not UTF-8 text)"),
     (["--device=cuda"], "no CUDA device"),
     (["--out_dir=out_folder_latest"], "latest cannot be read"),
@@ -465,7 +532,8 @@ def sample_run(workdir):
 def test_sample_faults_are_one_sentence(sample_run, args, message):
     if args == ["--device=cuda"] and torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "sample.py"), "--out_dir=out_sample", "--max_new_tokens=2", *args],
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "sample.py"), "--out_dir=out_sample",
+                        "--max_new_tokens=2", *args],
                        cwd=sample_run, env=ENV, capture_output=True, text=True, timeout=120)
     assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
     assert message in p.stderr.strip().splitlines()[-1], p.stderr
@@ -473,14 +541,17 @@ def test_sample_faults_are_one_sentence(sample_run, args, message):
 
 @pytest.mark.slow
 def test_sample_decodes_with_the_runs_own_vocabulary(sample_run):
-    """The dataset prepared again from another text of as many characters: the run's ids still mean its own."""
+    """The dataset prepared again from another text of as many characters: the run's ids still mean
+    its own."""
     meta_path = sample_run / "data" / "tiny_s" / "meta.json"
     meta = meta_path.read_text()
     greek = "".join(chr(0x391 + i) for i in range(json.loads(meta)["vocab_size"]))
     meta_path.write_text(json.dumps({**json.loads(meta), "chars": greek}))
     try:
-        p = subprocess.run([sys.executable, os.path.join(ROOT, "sample.py"), "--out_dir=out_sample", "--max_new_tokens=50",
-                            "--start=A", "--num_samples=1"], cwd=sample_run, env=ENV, capture_output=True, text=True, timeout=120)
+        p = subprocess.run([sys.executable, os.path.join(ROOT, "sample.py"),
+                            "--out_dir=out_sample", "--max_new_tokens=50", "--start=A",
+                            "--num_samples=1"],
+                           cwd=sample_run, env=ENV, capture_output=True, text=True, timeout=120)
     finally:
         meta_path.write_text(meta)
     assert p.returncode == 0, p.stderr
@@ -488,17 +559,19 @@ def test_sample_decodes_with_the_runs_own_vocabulary(sample_run):
     assert len(text) > 40 and not set(text) & set(greek), text
 
 
-# ---- issue 20: nothing outside out_dir is touched, every file read is checked (in-process) -----------------
+# ---- issue 20: nothing outside out_dir is touched, every file read is checked (in-process) ------
 
 @pytest.mark.parametrize("odd,other", [("g[1]", "g1"), ("x*", "xy"), ("q?", "qq")])
 def test_an_out_dir_named_with_glob_characters_touches_only_itself(tmp_path, odd, other):
     for step in (1, 2, 3, 4):
         checkpoint.save(tmp_path / other, fake_state(step), step, keep=10)
-    assert checkpoint.checkpoints(tmp_path / odd) == [] and checkpoint.candidates(tmp_path / odd) == []
+    assert (checkpoint.checkpoints(tmp_path / odd) == []
+            and checkpoint.candidates(tmp_path / odd) == [])
     for step in (1, 2):
         checkpoint.save(tmp_path / odd, fake_state(step), step, keep=1)
     assert len(checkpoint.checkpoints(tmp_path / other)) == 4
-    assert [os.path.basename(p) for p in checkpoint.checkpoints(tmp_path / odd)] == ["ckpt_0000002.pt"]
+    assert ([os.path.basename(p) for p in checkpoint.checkpoints(tmp_path / odd)]
+            == ["ckpt_0000002.pt"])
 
 
 def test_save_removes_only_its_own_temporary_names(tmp_path):
@@ -517,7 +590,8 @@ def test_checkpoints_without_latest_are_resumed_and_a_scratch_run_is_refused(tmp
     os.remove(tmp_path / "latest")
     path, state = checkpoint.load_latest(tmp_path)
     assert state["iter_num"] == 2 and path.endswith("ckpt_0000002.pt")
-    with pytest.raises(checkpoint.CheckpointError, match=r"holds a run \(ckpt_0000002.pt\).*--overwrite=True"):
+    with pytest.raises(checkpoint.CheckpointError,
+                       match=r"holds a run \(ckpt_0000002.pt\).*--overwrite=True"):
         checkpoint.check_out_dir(tmp_path, "scratch", False)
 
 
@@ -528,7 +602,8 @@ def test_the_lock_and_metrics_are_never_written_through_a_link(tmp_path):
     for d in (a, b, c):
         d.mkdir()
     (a / "lock").symlink_to(precious)
-    with pytest.raises(checkpoint.CheckpointError, match="lock is a symbolic link .* remove the link"):
+    with pytest.raises(checkpoint.CheckpointError,
+                       match="lock is a symbolic link .* remove the link"):
         checkpoint.lock(a)
     (a / "metrics.jsonl").symlink_to(precious)
     with pytest.raises(checkpoint.CheckpointError, match="metrics.jsonl is a symbolic link"):
@@ -544,7 +619,8 @@ def test_the_lock_and_metrics_are_never_written_through_a_link(tmp_path):
     with checkpoint.open_append(c / "metrics.jsonl") as f:
         f.write('{"kind": "train", "iter": 2}\n')
     assert (b / "lock").read_text() == "12345" and (c / "lock").read_text() == str(os.getpid())
-    assert (b / "metrics.jsonl").read_text().count("\n") == 1 and (c / "metrics.jsonl").read_text().count("\n") == 2
+    assert ((b / "metrics.jsonl").read_text().count("\n") == 1
+            and (c / "metrics.jsonl").read_text().count("\n") == 2)
 
 
 @pytest.mark.parametrize("change,why", [
@@ -554,7 +630,8 @@ def test_the_lock_and_metrics_are_never_written_through_a_link(tmp_path):
 ])
 def test_a_checkpoint_with_the_right_keys_and_wrong_types_is_corrupt(tmp_path, change, why):
     torch.save({**fake_state(2), **change}, tmp_path / "ckpt_0000002.pt")
-    with pytest.raises(checkpoint.CheckpointError, match="corrupt or not a checkpoint of this project") as e:
+    with pytest.raises(checkpoint.CheckpointError,
+                       match="corrupt or not a checkpoint of this project") as e:
         checkpoint.load(tmp_path / "ckpt_0000002.pt")
     assert why in str(e.value)
 
@@ -564,7 +641,8 @@ def test_a_checkpoint_with_non_finite_weights_is_never_the_last_good_one(tmp_pat
     state = fake_state(2)
     state["model"]["w"][1] = float("nan")
     checkpoint.save(tmp_path, state, 2)
-    with pytest.raises(checkpoint.CheckpointError, match=r"ckpt_0000002.pt holds non-finite weights \(w\).*--resume_fallback"):
+    with pytest.raises(checkpoint.CheckpointError,
+                       match=r"ckpt_0000002.pt holds non-finite weights \(w\).*--resume_fallback"):
         checkpoint.load_latest(tmp_path)
     assert checkpoint.load_latest(tmp_path, fallback=True)[1]["iter_num"] == 1
 
@@ -582,22 +660,29 @@ def test_optimizer_state_is_checked_against_the_parameters_it_is_restored_onto()
     restored = fresh()
     checkpoint.restore_optimizers([restored], [saved], names, "ckpt.pt")
     assert torch.equal(restored.state[params[0]]["exp_avg"], opt.state[params[0]]["exp_avg"])
-    square = [i for i, p in enumerate(params) if p.shape == params[-1].shape and i != len(params) - 1][0]
+    square = [i for i, p in enumerate(params)
+              if p.shape == params[-1].shape and i != len(params) - 1][0]
     other = [i for i, p in enumerate(params) if p.shape != params[0].shape][0]
-    unnamed = {**saved, "state": {i: {k: v for k, v in e.items() if k != "param_name"} for i, e in saved["state"].items()}}
-    # another shape (caught even in a checkpoint written before the names), and the same shape (by its name)
-    for state, i, j, why in ((unnamed, 0, other, r"'s exp_avg is \("), (saved, square, len(params) - 1, "the state of .* is .*'s")):
+    unnamed = {**saved, "state": {i: {k: v for k, v in e.items() if k != "param_name"}
+                                  for i, e in saved["state"].items()}}
+    # another shape (caught even in a checkpoint written before the names), and the same shape
+    # (by its name)
+    for state, i, j, why in ((unnamed, 0, other, r"'s exp_avg is \("),
+                             (saved, square, len(params) - 1, "the state of .* is .*'s")):
         swapped = {**state, "state": {**state["state"], i: state["state"][j], j: state["state"][i]}}
-        with pytest.raises(checkpoint.CheckpointError, match="ckpt.pt holds optimizer state that does not fit this model .*" + why):
+        with pytest.raises(checkpoint.CheckpointError,
+                           match="ckpt.pt holds optimizer state that does not fit this model .*"
+                                 + why):
             checkpoint.restore_optimizers([fresh()], [swapped], names, "ckpt.pt")
     with pytest.raises(checkpoint.CheckpointError, match="2 optimizer"):
         checkpoint.restore_optimizers([fresh()], [saved, saved], names, "ckpt.pt")
 
 
-# ---- issue 20: train.py and sample.py check what they read, in subprocesses --------------------------------
+# ---- issue 20: train.py and sample.py check what they read, in subprocesses ---------------------
 
 def permuted_dataset(workdir, name, chars=None):
-    """A copy of data/tiny whose ids mean other characters (the same count): reversed, or `chars`."""
+    """A copy of data/tiny whose ids mean other characters (the same count): reversed, or
+    `chars`."""
     bad = workdir / "data" / name
     shutil.rmtree(bad, ignore_errors=True)
     shutil.copytree(workdir / "data" / "tiny", bad)
@@ -607,7 +692,8 @@ def permuted_dataset(workdir, name, chars=None):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fault,message", [
-    ("swap", "holds optimizer state that does not fit this model (the state of"),   # was: munmap_chunk(), rc -6
+    # was: munmap_chunk(), rc -6
+    ("swap", "holds optimizer state that does not fit this model (the state of"),
     ("types", "is corrupt or not a checkpoint of this project (iter_num is str '4')"),
     ("vocab", "was trained on another vocabulary than data/tiny_perm/meta.json now holds"),
 ])
@@ -625,33 +711,43 @@ def test_resume_checks_what_it_reads_in_one_sentence(workdir, two_checkpoints, f
         permuted_dataset(workdir, "tiny_perm")
         args = ["--dataset=tiny_perm"]
     torch.save(state, path)
-    p = train(workdir, "--out_dir=out_two", "--max_iters=6", "--eval_interval=2", "--init_from=resume", *args, check=False)
+    p = train(workdir, "--out_dir=out_two", "--max_iters=6", "--eval_interval=2",
+              "--init_from=resume", *args, check=False)
     last = p.stderr.strip().splitlines()[-1]
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
-    assert last.startswith(f"error: checkpoint {os.path.join('out_two', os.path.basename(path))}" if fault != "vocab"
-                           else f"error: {os.path.join('out_two', os.path.basename(path))}") and message in last, last
-    assert checkpoint.candidates(two_checkpoints)[0] == path and len(records(workdir, "out_two", "train")) == 4
+    assert last.startswith(
+        f"error: checkpoint {os.path.join('out_two', os.path.basename(path))}" if fault != "vocab"
+        else f"error: {os.path.join('out_two', os.path.basename(path))}") and message in last, last
+    assert (checkpoint.candidates(two_checkpoints)[0] == path
+            and len(records(workdir, "out_two", "train")) == 4)
 
 
 @pytest.mark.slow
-def test_a_run_copied_with_hard_links_resumes_without_writing_into_the_original(workdir, two_checkpoints):
+def test_a_run_copied_with_hard_links_resumes_without_writing_into_the_original(
+        workdir, two_checkpoints):
     copy = workdir / "out_linked"
     shutil.rmtree(copy, ignore_errors=True)
     shutil.copytree(two_checkpoints, copy, copy_function=os.link)   # cp -al
     before = {p.name: p.read_bytes() for p in two_checkpoints.iterdir()}
-    train(workdir, "--out_dir=out_linked", "--max_iters=6", "--eval_interval=2", "--init_from=resume")
+    train(workdir, "--out_dir=out_linked", "--max_iters=6", "--eval_interval=2",
+          "--init_from=resume")
     assert {p.name: p.read_bytes() for p in two_checkpoints.iterdir()} == before
     assert [r["iter"] for r in records(workdir, "out_linked", "train")] == list(range(1, 7))
 
 
 @pytest.mark.slow
-def test_ddp_processes_with_different_configurations_are_refused_before_anything_is_written(workdir):
+def test_ddp_processes_with_different_configurations_are_refused_before_anything_is_written(
+        workdir):
     """A config that reads RANK: max_iters differs by process (it hung for gloo's 30 minutes)."""
-    (workdir / "by_rank.py").write_text("import os\nmax_iters = 2 + int(os.environ.get('RANK', 0))\n")
-    p = train(workdir, "by_rank.py", "--out_dir=out_by_rank", "--gradient_accumulation_steps=2", check=False,
-              launcher=(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"))
+    (workdir / "by_rank.py").write_text(
+        "import os\nmax_iters = 2 + int(os.environ.get('RANK', 0))\n")
+    p = train(workdir, "by_rank.py", "--out_dir=out_by_rank", "--gradient_accumulation_steps=2",
+              check=False,
+              launcher=(sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc_per_node=2"))
     assert p.returncode != 0, p.stdout
-    assert "error: the 2 processes run different configurations (max_iters; max_iters=2, 3 by rank)" in p.stderr, p.stderr
+    assert ("error: the 2 processes run different configurations "
+            "(max_iters; max_iters=2, 3 by rank)" in p.stderr), p.stderr
     assert not (workdir / "out_by_rank").exists()
 
 
@@ -660,26 +756,30 @@ def test_a_token_file_cut_short_under_a_running_trainer_is_one_sentence(workdir)
     data = workdir / "data" / "tiny_cut"
     shutil.rmtree(data, ignore_errors=True)
     shutil.copytree(workdir / "data" / "tiny", data)
-    p = start(workdir, "--dataset=tiny_cut", "--out_dir=out_cut", "--overwrite=True", "--max_iters=100000",
-              "--eval_interval=3")
+    p = start(workdir, "--dataset=tiny_cut", "--out_dir=out_cut", "--overwrite=True",
+              "--max_iters=100000", "--eval_interval=3")
     wait_for(lambda: checkpoint.candidates(workdir / "out_cut"))
-    with open(data / "train.bin", "r+b") as f:   # cut mid-token, as a copy still in progress would be
+    # cut mid-token, as a copy still in progress would be
+    with open(data / "train.bin", "r+b") as f:
         f.truncate(os.path.getsize(data / "train.bin") // 2 + 1)
     out, err = p.communicate(timeout=60)
     last = err.strip().splitlines()[-1]
     assert p.returncode == 1 and "Traceback" not in err, err
-    assert last.startswith(f"error: {os.path.join('data', 'tiny_cut', 'train.bin')} changed under the running trainer"), last
+    assert last.startswith(f"error: {os.path.join('data', 'tiny_cut', 'train.bin')} "
+                           "changed under the running trainer"), last
     assert checkpoint.load_latest(workdir / "out_cut")[1]["iter_num"] % 3 == 0   # `latest` intact
 
 
 @pytest.mark.slow
 def test_a_stop_during_the_step_0_evaluation_then_a_resume_logs_that_evaluation_once(workdir):
-    p = start(workdir, "--out_dir=out_eval0", "--overwrite=True", "--max_iters=100000", "--eval_interval=100000",
-              "--eval_iters=400")   # an evaluation of some seconds
-    wait_for(lambda: os.path.exists(workdir / "out_eval0" / "metrics.jsonl"))   # opened just before the loop
+    p = start(workdir, "--out_dir=out_eval0", "--overwrite=True", "--max_iters=100000",
+              "--eval_interval=100000", "--eval_iters=400")   # an evaluation of some seconds
+    # opened just before the loop
+    wait_for(lambda: os.path.exists(workdir / "out_eval0" / "metrics.jsonl"))
     time.sleep(0.5)
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=120)
     assert p.returncode == 0 and "stop signal at step 0" in out, out + err
-    train(workdir, "--out_dir=out_eval0", "--init_from=resume", "--max_iters=2", "--eval_interval=2")
+    train(workdir, "--out_dir=out_eval0", "--init_from=resume", "--max_iters=2",
+          "--eval_interval=2")
     assert [r["iter"] for r in records(workdir, "out_eval0", "eval")] == [0, 2]

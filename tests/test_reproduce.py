@@ -1,5 +1,6 @@
-"""reproduce.py on a tiny grid (2 variants x 2 seeds, a few steps): its summary holds the numbers of the
-runs' metrics files, a failed run is reported and run again next time, and a finished grid trains nothing."""
+"""reproduce.py on a tiny grid (2 variants x 2 seeds, a few steps): its summary holds the numbers
+of the runs' metrics files, a failed run is reported and run again next time, and a finished grid
+trains nothing."""
 import contextlib
 import glob
 import json
@@ -26,8 +27,9 @@ def read_metrics(run_dir, kind="eval"):
     path = os.path.join(run_dir, "metrics.jsonl")
     return [r for r in read_lines(path)[0] if r.get("kind") == kind] if os.path.exists(path) else []
 
-TINY = ("--dataset=tiny --n_layer=2 --n_head=2 --n_embd=32 --block_size=16 --batch_size=4 --vocab_pad=1 "
-        "--eval_iters=2 --device=cpu --log_interval=1 --learning_rate=3e-3 --min_lr=3e-4 --eval_interval=4")
+TINY = ("--dataset=tiny --n_layer=2 --n_head=2 --n_embd=32 --block_size=16 --batch_size=4 "
+        "--vocab_pad=1 --eval_iters=2 --device=cpu --log_interval=1 --learning_rate=3e-3 "
+        "--min_lr=3e-4 --eval_interval=4")
 
 
 def final_val(path):
@@ -36,32 +38,40 @@ def final_val(path):
 
 
 @pytest.mark.slow   # trains a grid of runs in subprocesses
-def test_tiny_grid_summary_matches_metrics_failures_rerun_and_restart_trains_nothing(workdir, monkeypatch, capsys):
+def test_tiny_grid_summary_matches_metrics_failures_rerun_and_restart_trains_nothing(
+        workdir, monkeypatch, capsys):
     monkeypatch.chdir(workdir)
     cfg = workdir / "hetero_tiny.py"
     cfg.write_text("sv_hetero = True\nsv_placement = 'bogus'\n")   # invalid: train.py exits 1
     grids = {"tiny": [Variant("base", "config/baseline_char.py", [], None, "", 0),
                       Variant("hg", str(cfg), [], "base", "HG lowers the loss", -1)]}
-    argv = ["--grid=tiny", "--seeds=2", "--max_iters=8", "--jobs=2", f"--extra={TINY}", "--results_dir=res"]
-    runs = {(v, s): workdir / "res" / "runs" / v / f"seed{s}" for v in ("base", "hg") for s in (1, 2)}
+    argv = ["--grid=tiny", "--seeds=2", "--max_iters=8", "--jobs=2", f"--extra={TINY}",
+            "--results_dir=res"]
+    runs = {(v, s): workdir / "res" / "runs" / v / f"seed{s}"
+            for v in ("base", "hg") for s in (1, 2)}
 
     assert reproduce.main(argv, grids) == 1
     out = capsys.readouterr().out
     assert "0 done, 4 to do" in out and out.count("FAILED") == 2 and "sv_placement" in out, out
-    assert not (runs["hg", 1] / "result.json").exists() and (runs["base", 1] / "result.json").exists()
+    assert (not (runs["hg", 1] / "result.json").exists()
+            and (runs["base", 1] / "result.json").exists())
     base_mtime = os.path.getmtime(runs["base", 1] / "metrics.jsonl")
 
-    cfg.write_text("sv_hetero = True\n")   # fixed: the same command runs only the two failed runs again
+    # fixed: the same command runs only the two failed runs again
+    cfg.write_text("sv_hetero = True\n")
     assert reproduce.main(argv, grids) == 0
     out = capsys.readouterr().out
     assert "2 done, 2 to do" in out and "FAILED" not in out, out
     assert os.path.getmtime(runs["base", 1] / "metrics.jsonl") == base_mtime
 
     val = {k: final_val(d / "metrics.jsonl") for k, d in runs.items()}
-    head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    with open(runs["base", 1] / "result.json") as f:   # what code made the result: this checkout's commit
+    head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT,
+                          capture_output=True, text=True).stdout.strip()
+    # what code made the result: this checkout's commit
+    with open(runs["base", 1] / "result.json") as f:
         code = json.load(f)["code"]
-    assert code["commit"].startswith(head) and code == reproduce.code_version() if head else code is None, code
+    assert (code["commit"].startswith(head) and code == reproduce.code_version() if head
+            else code is None), code
     with open(workdir / "res" / "summary.json") as f:
         rows = {r["variant"]: r for r in json.load(f)["rows"]}
     for v in ("base", "hg"):
@@ -76,7 +86,8 @@ def test_tiny_grid_summary_matches_metrics_failures_rerun_and_restart_trains_not
     assert rows["hg"]["verdict"] == ("lower" if hi < 0 else "higher" if lo > 0 else "not resolved")
     assert rows["hg"]["direction_matches"] == (statistics.mean(diffs) < 0)
     md = (workdir / "res" / "summary.md").read_text()
-    assert f"{statistics.mean(diffs):+.4f} ± {statistics.stdev(diffs):.4f}" in md and "HG lowers the loss" in md
+    assert (f"{statistics.mean(diffs):+.4f} ± {statistics.stdev(diffs):.4f}" in md
+            and "HG lowers the loss" in md)
     for png in ("val_loss.png", "diff_vs_baseline.png", "scale_vectors.png"):
         assert (workdir / "res" / png).stat().st_size > 1000
 
@@ -86,7 +97,7 @@ def test_tiny_grid_summary_matches_metrics_failures_rerun_and_restart_trains_not
     assert {k: os.path.getmtime(d / "metrics.jsonl") for k, d in runs.items()} == mtimes
 
 
-# --- the committed results, folders that hold one configuration, whole-grid summaries -----------------
+# --- the committed results, folders that hold one configuration, whole-grid summaries ------------
 
 def test_committed_default_grid_counts_as_done(monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
@@ -95,14 +106,18 @@ def test_committed_default_grid_counts_as_done(monkeypatch, capsys):
     assert "66 runs, 66 done, 0 to do" in out and "to do  python" not in out, out
 
 
-def test_other_settings_are_refused_more_seeds_are_not_and_a_subset_summarizes_the_whole_grid(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)   # a copy of the committed results at the same relative path (runs' --out_dir)
+def test_other_settings_are_refused_more_seeds_are_not_and_a_subset_summarizes_the_whole_grid(
+        tmp_path, monkeypatch, capsys):
+    # a copy of the committed results at the same relative path (runs' --out_dir)
+    monkeypatch.chdir(tmp_path)
     res = tmp_path / "results" / "default"
-    shutil.copytree(os.path.join(ROOT, "results", "default"), res, ignore=shutil.ignore_patterns("*.png", "summary.*"))
+    shutil.copytree(os.path.join(ROOT, "results", "default"), res,
+                    ignore=shutil.ignore_patterns("*.png", "summary.*"))
     with pytest.raises(SystemExit) as e:   # a different size would overwrite all 66 results
         reproduce.main(["--max_iters=500", "--dry_run"])
     msg = str(e.value.code)
-    assert msg.startswith("error:") and "\n" not in msg and "--results_dir" in msg and "--replace" in msg, msg
+    assert (msg.startswith("error:") and "\n" not in msg and "--results_dir" in msg
+            and "--replace" in msg), msg
     assert "66 of these runs" in msg and "--max_iters=1000" in msg and "--max_iters=500" in msg
     capsys.readouterr()
     assert reproduce.main(["--max_iters=500", "--dry_run", "--replace"]) == 0
@@ -110,14 +125,16 @@ def test_other_settings_are_refused_more_seeds_are_not_and_a_subset_summarizes_t
     assert reproduce.main(["--max_iters=500", "--dry_run", "--results_dir=elsewhere"]) == 0
     assert "0 done, 66 to do" in capsys.readouterr().out
     assert reproduce.main(["--variants=moe_unified", "--seeds=7", "--dry_run", "--mixed_code"]) == 0
-    assert "2 variants x 7 seeds = 14 runs, 6 done, 8 to do" in capsys.readouterr().out   # seeds added in place
+    # seeds added in place
+    assert "2 variants x 7 seeds = 14 runs, 6 done, 8 to do" in capsys.readouterr().out
 
     assert reproduce.main(["--variants=noscale"]) == 0   # nothing to run: summarize
     with open(res / "summary.json") as f:
         rows = {r["variant"]: r for r in json.load(f)["rows"]}
     with open(os.path.join(ROOT, "results", "default", "summary.json")) as f:
         committed = {r["variant"]: r for r in json.load(f)["rows"]}
-    assert rows.keys() == committed.keys() and len(rows) == len(grids.default_grid())   # the whole grid, not the subset
+    # the whole grid, not the subset
+    assert rows.keys() == committed.keys() and len(rows) == len(grids.default_grid())
     for name, row in committed.items():
         assert rows[name]["n"] == row["n"] and rows[name]["val_loss_mean"] == row["val_loss_mean"]
         assert rows[name].get("diff_mean") == row.get("diff_mean")
@@ -127,35 +144,42 @@ def test_other_settings_are_refused_more_seeds_are_not_and_a_subset_summarizes_t
 def test_added_variant_from_the_command_line():
     grid = grids.default_grid()
     v = grids.parse_added("wide:config/unified_char.py:--n_embd=192,--n_head=6", grid)
-    assert (v.name, v.config, v.overrides, v.baseline, v.sign) == ("wide", "config/unified_char.py",
-                                                                     ["--n_embd=192", "--n_head=6"], "baseline", 0)
+    assert (v.name, v.config, v.overrides, v.baseline, v.sign) == (
+        "wide", "config/unified_char.py", ["--n_embd=192", "--n_head=6"], "baseline", 0)
     assert grids.parse_added("x:config/unified_char.py::none", grid).baseline is None
-    assert grids.parse_added("y:config/unified_char.py:--lr_schedule=wsd:baseline_wsd", grid).baseline == "baseline_wsd"
-    for bad in ["noscale:config/unified_char.py", "z:config/missing.py", "z:config/unified_char.py:n_embd=3", "z",
-                "z:config/unified_char.py::nobody"]:
+    assert grids.parse_added("y:config/unified_char.py:--lr_schedule=wsd:baseline_wsd",
+                             grid).baseline == "baseline_wsd"
+    for bad in ["noscale:config/unified_char.py", "z:config/missing.py",
+                "z:config/unified_char.py:n_embd=3", "z", "z:config/unified_char.py::nobody"]:
         with pytest.raises(SystemExit) as e:
             grids.parse_added(bad, grid)
         assert str(e.value.code).startswith("error: --add=") and "\n" not in str(e.value.code)
 
 
-def test_cpu_dry_run_estimates_each_run_by_its_own_iterations_and_size(tmp_path, monkeypatch, capsys):
+def test_cpu_dry_run_estimates_each_run_by_its_own_iterations_and_size(
+        tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     base = Variant("baseline", "config/baseline_char.py", [], None, "", 0)
     big = base._replace(name="big", overrides=["--n_layer=8", "--n_embd=256", "--n_head=8"])
     one = reproduce.local_estimate(base, 1000, [])
-    assert one == grids.OVERHEAD_S + 1000 * grids.MS_PER_ITER / 1000   # the default size is the unit
-    assert reproduce.local_estimate(base, 2000, []) - grids.OVERHEAD_S == pytest.approx(2 * (one - grids.OVERHEAD_S))
-    assert reproduce.local_estimate(big, 1000, []) > 4 * one   # 8x the parameters of 4x128 (and longer attention rows)
+    # the default size is the unit
+    assert one == grids.OVERHEAD_S + 1000 * grids.MS_PER_ITER / 1000
+    assert (reproduce.local_estimate(base, 2000, []) - grids.OVERHEAD_S
+            == pytest.approx(2 * (one - grids.OVERHEAD_S)))
+    # 8x the parameters of 4x128 (and longer attention rows)
+    assert reproduce.local_estimate(big, 1000, []) > 4 * one
     assert reproduce.main(["--grid=scaling", "--seeds=1", "--jobs=1", "--dry_run"]) == 0
     grid = grids.scaling_grid()
-    want = sum(reproduce.local_estimate(v, int(reproduce.run_args(v, 1000, [], 1, "x")[0].split("=")[1]), [])
+    want = sum(reproduce.local_estimate(
+                   v, int(reproduce.run_args(v, 1000, [], 1, "x")[0].split("=")[1]), [])
                for v in grid)
     out = capsys.readouterr().out.splitlines()[0]
-    assert f"{len(grid)} to do; 66-3952 iterations each; estimate {want / 60:.0f} min with 1 jobs" in out, out
+    assert (f"{len(grid)} to do; 66-3952 iterations each; estimate {want / 60:.0f} min with 1 jobs"
+            in out), out
 
 
-@pytest.mark.parametrize("arg", ["--seeds=0", "--jobs=0", "--max_iters=0", "--nproc_per_node=0", "--tokens=-1",
-                                 "--tokens=nan", "--tokens=inf"])
+@pytest.mark.parametrize("arg", ["--seeds=0", "--jobs=0", "--max_iters=0", "--nproc_per_node=0",
+                                 "--tokens=-1", "--tokens=nan", "--tokens=inf"])
 def test_counts_out_of_range_are_one_usage_error(arg, capsys):
     with pytest.raises(SystemExit) as e:
         reproduce.main([arg, "--dry_run"])
@@ -170,21 +194,27 @@ def test_node_grid_dry_run_sizes_runs_by_tokens_and_estimates_time(tmp_path, mon
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if line.startswith("to do")]
     # 1e9 tokens / 524,288 per iteration -> 1908 iterations; warmup 700 of 19,073 scales to 70
-    assert len(lines) == 6 and all(line.startswith("to do  torchrun --nproc_per_node=8 --standalone train.py config/")
-                                   for line in lines), out
-    assert "--max_iters=1908 --lr_decay_iters=1908 --warmup_iters=70 --eval_interval=190" in lines[0]
-    assert "6.00B tokens to train" in out and "estimate 1.7 h (at the given 1,000,000 tokens/s)" in out, out
-    assert reproduce.main(["--grid=node", "--nproc_per_node=8", "--dry_run", "--nnodes=2", "--node_rank=1",
-                           "--master_addr=10.0.0.1"]) == 0
+    assert len(lines) == 6 and all(
+        line.startswith("to do  torchrun --nproc_per_node=8 --standalone train.py config/")
+        for line in lines), out
+    assert ("--max_iters=1908 --lr_decay_iters=1908 --warmup_iters=70 --eval_interval=190"
+            in lines[0])
+    assert ("6.00B tokens to train" in out
+            and "estimate 1.7 h (at the given 1,000,000 tokens/s)" in out), out
+    assert reproduce.main(["--grid=node", "--nproc_per_node=8", "--dry_run", "--nnodes=2",
+                           "--node_rank=1", "--master_addr=10.0.0.1"]) == 0
     out = capsys.readouterr().out
-    assert "torchrun --nproc_per_node=8 --nnodes=2 --node_rank=1 --master_addr=10.0.0.1 --master_port=29500 train.py" in out
+    assert ("torchrun --nproc_per_node=8 --nnodes=2 --node_rank=1 --master_addr=10.0.0.1 "
+            "--master_port=29500 train.py" in out)
     assert "90.00B tokens" in out and "16 x" in out and "assuming 40% MFU" in out, out
 
 
-# --- the node grid on CPU: torchrun with 2 gloo processes, a run killed midway and resumed -------------
+# --- the node grid on CPU: torchrun with 2 gloo processes, a run killed midway and resumed -------
 
-NODE_TINY = TINY.replace("--eval_interval=4", "--eval_interval=20") + " --gradient_accumulation_steps=2"
-NODE_ARGV = ["--grid=pair", "--launcher=torchrun", "--nproc_per_node=2", "--seeds=1", "--tokens=12800",   # 100 iterations
+NODE_TINY = (TINY.replace("--eval_interval=4", "--eval_interval=20")
+             + " --gradient_accumulation_steps=2")
+NODE_ARGV = ["--grid=pair", "--launcher=torchrun", "--nproc_per_node=2", "--seeds=1",
+             "--tokens=12800",   # 100 iterations
              "--results_dir=node", f"--extra={NODE_TINY}"]
 NODE_GRID = """
 import sys, reproduce
@@ -213,14 +243,16 @@ def descendants(pid):
 
 
 @pytest.mark.slow
-def test_node_grid_through_torchrun_resumes_a_killed_run_to_the_same_losses(workdir, monkeypatch, capsys):
+def test_node_grid_through_torchrun_resumes_a_killed_run_to_the_same_losses(
+        workdir, monkeypatch, capsys):
     monkeypatch.chdir(workdir)
     runs = {v: workdir / "node" / "runs" / v / "seed1" for v in "ab"}
     env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
     p = subprocess.Popen([sys.executable, "-c", NODE_GRID, *NODE_ARGV], cwd=workdir, env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.time() + 120
-    while time.time() < deadline:   # b (run second) has checkpointed at iteration 20 or later: kill everything
+    # b (run second) has checkpointed at iteration 20 or later: kill everything
+    while time.time() < deadline:
         latest = runs["b"] / "latest"
         if latest.exists() and int(re.findall(r"\d+", latest.read_text())[0]) >= 20:
             for pid in descendants(p.pid):
@@ -229,17 +261,21 @@ def test_node_grid_through_torchrun_resumes_a_killed_run_to_the_same_losses(work
             break
         time.sleep(0.01)
     p.wait(timeout=60)
-    assert (runs["a"] / "result.json").exists() and not (runs["b"] / "result.json").exists(), p.stdout.read().decode()
+    assert ((runs["a"] / "result.json").exists()
+            and not (runs["b"] / "result.json").exists()), p.stdout.read().decode()
     killed_at = max(r["iter"] for r in read_metrics(runs["b"], "train"))
     assert 20 <= killed_at < 100
 
-    assert reproduce.main(NODE_ARGV, {"pair": [Variant("a", "config/baseline_char.py", [], None, "", 0),
-                                                Variant("b", "config/baseline_char.py", [], "a", "same as a", -1)]}) == 0
+    assert reproduce.main(NODE_ARGV, {"pair": [
+        Variant("a", "config/baseline_char.py", [], None, "", 0),
+        Variant("b", "config/baseline_char.py", [], "a", "same as a", -1)]}) == 0
     out = capsys.readouterr().out
     assert "1 done, 1 to do" in out and "b seed 1: resuming" in out and "resumed" in out, out
     assert "resuming from" in (runs["b"] / "train.log").read_text()
-    # b continued from its checkpoint (one record per iteration, none twice) to a's losses, bit for bit
-    for kind, keys in (("eval", ("iter", "train_loss", "val_loss")), ("train", ("iter", "loss", "lr"))):
+    # b continued from its checkpoint (one record per iteration, none twice) to a's losses,
+    # bit for bit
+    for kind, keys in (("eval", ("iter", "train_loss", "val_loss")),
+                       ("train", ("iter", "loss", "lr"))):
         a, b = ([[r[k] for k in keys] for r in read_metrics(runs[v], kind)] for v in "ab")
         assert a == b and len(a) == (6 if kind == "eval" else 100)
     with open(workdir / "node" / "summary.json") as f:
@@ -247,7 +283,7 @@ def test_node_grid_through_torchrun_resumes_a_killed_run_to_the_same_losses(work
     assert rows["b"]["n"] == 1 and rows["b"]["diff_mean"] == 0.0
 
 
-# ---- issue 14's reports: exact properties on made-up results (no training) -------------------------
+# ---- issue 14's reports: exact properties on made-up results (no training) ----------------------
 def fake(val, seed=1):
     return {"val_loss": val, "seed": seed, "curve": [[0, 4.0], [10, val]], "wall_s": 1.0}
 
@@ -262,24 +298,31 @@ def test_budget_fit_recovers_a_power_law_and_inverts_it():
 
 
 def test_scaling_report_factor_is_the_budget_the_baseline_needs_at_every_budget(monkeypatch):
-    monkeypatch.setattr(report, "non_embedding_params", lambda n_layer, n_embd: 12 * n_layer * n_embd ** 2)
+    monkeypatch.setattr(report, "non_embedding_params",
+                        lambda n_layer, n_embd: 12 * n_layer * n_embd ** 2)
     law = lambda c, s: 1.5 + 0.3 * c ** -0.7 + 0.001 * s   # the seeds differ by a constant
-    results = {f"baseline_4x128_x{b}": {s: fake(law(float(b), s), s) for s in (1, 2)} for b in grids.BUDGETS}
-    results["unified_4x128"] = {s: fake(law(1.25, s), s) for s in (1, 2)}   # what the baseline reaches at 1.25x
-    results["dnp_4x128_x1.5"] = {s: fake(law(1.8, s), s) for s in (1, 2)}     # at 1.5x: 1.8 / 1.5 = 1.2x
+    results = {f"baseline_4x128_x{b}": {s: fake(law(float(b), s), s) for s in (1, 2)}
+               for b in grids.BUDGETS}
+    # what the baseline reaches at 1.25x
+    results["unified_4x128"] = {s: fake(law(1.25, s), s) for s in (1, 2)}
+    # at 1.5x: 1.8 / 1.5 = 1.2x
+    results["dnp_4x128_x1.5"] = {s: fake(law(1.8, s), s) for s in (1, 2)}
     rows, fits = report.scaling_rows(results)
     row, dnp = sorted(rows, key=lambda r: r["variant"], reverse=True)
     assert row["size"] == "4x128" and row["seeds"] == [1, 2] and not row["extrapolated"]
-    assert abs(row["factor"] - 1.25) < 0.01 and all(abs(f - 1.25) < 0.01 for f in row["factor_seeds"])
+    assert (abs(row["factor"] - 1.25) < 0.01
+            and all(abs(f - 1.25) < 0.01 for f in row["factor_seeds"]))
     assert abs(row["mean"] - (law(1.25, 0) - law(1, 0))) < 1e-12 and row["std"] < 1e-12
     assert abs(row["epochs"] - 1000 * 768 / 1_003_854) < 1e-12
     assert abs(row["tokens_per_param"] - 1000 * 768 / (12 * 4 * 128 ** 2)) < 1e-12
     assert dnp["variant"] == "dnp" and dnp["budget"] == 1.5 and dnp["iters"] == 1500
-    assert abs(dnp["factor"] - 1.2) < 0.01 and abs(dnp["mean"] - (law(1.8, 0) - law(1.5, 0))) < 1e-12
+    assert (abs(dnp["factor"] - 1.2) < 0.01
+            and abs(dnp["mean"] - (law(1.8, 0) - law(1.5, 0))) < 1e-12)
     assert fits["4x128"]["variants"] == {"unified": {"1": pytest.approx(law(1.25, 1.5))},
                                          "dnp": {"1.5": pytest.approx(law(1.8, 1.5))}}
     lines = report.scaling_lines(rows)
-    assert any(line.startswith("| 4x128 | dnp | 1.5x | ") and "| 1.20x |" in line for line in lines), lines
+    assert any(line.startswith("| 4x128 | dnp | 1.5x | ") and "| 1.20x |" in line
+               for line in lines), lines
 
 
 def test_size_lr_check_finds_each_familys_best_rate_and_the_tuned_gap():
@@ -289,7 +332,8 @@ def test_size_lr_check_finds_each_familys_best_rate_and_the_tuned_gap():
     results = {name.get(k, f"{k[0]}_2x64_lr{k[1]}"): {s: fake(v + 0.01 * s * (k[0] == "unified"), s)
                                                        for s in (1, 2)} for k, v in loss.items()}
     rows = report.size_lr_rows(results)
-    assert list(rows) == ["2x64"] and rows["2x64"]["best"] == {"baseline": "2e-3", "unified": "2e-3"}
+    assert (list(rows) == ["2x64"]
+            and rows["2x64"]["best"] == {"baseline": "2e-3", "unified": "2e-3"})
     assert rows["2x64"]["mean"] == pytest.approx(-0.2 + 0.015)
     lines = "\n".join(report.size_lr_lines(rows))
     assert "| 2x64 | baseline | 2.9000 | 2.7000 | **2.6000** | 2.6500 |" in lines
@@ -303,27 +347,33 @@ def test_regime_rows_pair_unified_with_the_baseline_of_its_size_and_tokens_per_p
             continue   # over the cap: not run
         gap = -0.1 if v.name.startswith("unified") else 0.0
         args = ["--max_iters=" + v.overrides[0].split("=")[1]]
-        results[v.name] = {s: dict(fake(2.0 + gap + 0.01 * s, s), args=args, epochs=0.5) for s in (1, 2, 3)}
+        results[v.name] = {s: dict(fake(2.0 + gap + 0.01 * s, s), args=args, epochs=0.5)
+                           for s in (1, 2, 3)}
     rows = report.regime_rows(results)
     assert [(r["size"], r["tokens_per_param"]) for r in rows] == [
         (s, t) for s in grids.REGIME_SIZES for t in (1.0, 10.0, 30.0)]
-    assert all(r["mean"] == pytest.approx(-0.1) and r["verdict"] == "lower" and r["epochs"] == 0.5 for r in rows)
+    assert all(r["mean"] == pytest.approx(-0.1) and r["verdict"] == "lower" and r["epochs"] == 0.5
+               for r in rows)
     assert rows[1]["iters"] == round(133 * 10 / grids.TPP_1X)
 
 
-def test_epoch_cap_skips_and_names_the_runs_that_read_the_corpus_more_often(tmp_path, monkeypatch, capsys):
+def test_epoch_cap_skips_and_names_the_runs_that_read_the_corpus_more_often(
+        tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     data = tmp_path / "data" / "tiny_corpus"
     data.mkdir(parents=True)
-    (data / "meta.json").write_text(json.dumps({"tokenizer": "char", "vocab_size": 65, "train_tokens": 200_000}))
+    (data / "meta.json").write_text(json.dumps({"tokenizer": "char", "vocab_size": 65,
+                                                "train_tokens": 200_000}))
     argv = ["--grid=regime", "--dataset=tiny_corpus", "--seeds=1", "--dry_run"]
     assert reproduce.main(argv) == 0
     out = capsys.readouterr().out
-    # 2x64 at 1 token/param: 139 iterations x 768 = 0.53 epochs of 200k tokens; every other run is over 1
+    # 2x64 at 1 token/param: 139 iterations x 768 = 0.53 epochs of 200k tokens; every other run
+    # is over 1
     assert "skipped, over --max_epochs=1: baseline_2x64_t10 (5.3 epochs)" in out, out
     todo = [line for line in out.splitlines() if line.startswith("to do")]
-    assert len(todo) == 2 and all("--dataset=tiny_corpus" in line and "results/regime_tiny_corpus/" in line
-                                  for line in todo), todo
+    assert len(todo) == 2 and all(
+        "--dataset=tiny_corpus" in line and "results/regime_tiny_corpus/" in line
+        for line in todo), todo
     assert reproduce.main([*argv, "--max_epochs=6"]) == 0
     assert "baseline_3x96_t10 (16.6 epochs)" in capsys.readouterr().out   # 2x64 at 10 is now in
     with pytest.raises(SystemExit, match="no prepared data in data/absent"):
@@ -331,44 +381,56 @@ def test_epoch_cap_skips_and_names_the_runs_that_read_the_corpus_more_often(tmp_
 
 
 def test_tuned_rows_pair_each_familys_best_rate_with_the_baselines_best_rate():
-    best = {"baseline": "2e-3", "noscale": "4e-3", "unified": "1e-3", "baseline_muon": "4e-3", "unified_muon": "8e-3"}
+    best = {"baseline": "2e-3", "noscale": "4e-3", "unified": "1e-3", "baseline_muon": "4e-3",
+            "unified_muon": "8e-3"}
     lrs, results = grids.LRS, {}
     for v in grids.lr_grid():
         family, lr = v.name.rsplit("_lr", 1)
         gap = abs(lrs.index(lr) - lrs.index(best[family]))
         if family == "unified" and gap > 1:
             continue   # not run: unified's best is bracketed all the same
-        results[v.name] = {s: fake(2.0 + 0.05 * gap + 0.01 * s + (family == "noscale") * 0.003 * s, s)
-                           for s in ((1, 2, 3) if gap == 0 else (1,))}
+        results[v.name] = {
+            s: fake(2.0 + 0.05 * gap + 0.01 * s + (family == "noscale") * 0.003 * s, s)
+            for s in ((1, 2, 3) if gap == 0 else (1,))}
     del results["baseline_muon_lr8e-3"]   # baseline_muon's best, 4e-3, then lacks a neighbour
     rows = {r["family"]: r for r in report.tuned_rows(grids.lr_grid(), results)}
     assert {f: r["best_lr"] for f, r in rows.items()} == best
     assert [f for f, r in rows.items() if not r["bracketed"]] == ["baseline_muon"]
-    assert rows["noscale"]["baseline"] == "baseline_lr2e-3" and rows["unified_muon"]["baseline"] == "baseline_muon_lr4e-3"
-    assert rows["noscale"]["seeds"] == [1, 2, 3] and abs(rows["noscale"]["diff_mean"] - 0.006) < 1e-12   # 0.003 s
+    assert (rows["noscale"]["baseline"] == "baseline_lr2e-3"
+            and rows["unified_muon"]["baseline"] == "baseline_muon_lr4e-3")
+    assert (rows["noscale"]["seeds"] == [1, 2, 3]
+            and abs(rows["noscale"]["diff_mean"] - 0.006) < 1e-12)   # 0.003 s
     half = 4.303 * 0.003 / 3 ** 0.5   # diffs 0.003, 0.006, 0.009: std 0.003, t(0.975, 2)
     assert rows["noscale"]["ci95"] == pytest.approx([0.006 - half, 0.006 + half], abs=1e-12)
     assert "baseline" not in rows["baseline"]
     lines, _ = report.lr_report(results)
-    assert "--seeds=6 --variants=baseline_lr2e-3,noscale_lr4e-3,unified_lr1e-3,baseline_muon_lr4e-3,unified_muon_lr8e-3" in lines[-1]
-    assert "| noscale_lr4e-3 | baseline_lr2e-3 | 3 | +0.0060 ± 0.0030 | [-0.0015, +0.0135] |" in "\n".join(lines)
+    assert ("--seeds=6 --variants=baseline_lr2e-3,noscale_lr4e-3,unified_lr1e-3,"
+            "baseline_muon_lr4e-3,unified_muon_lr8e-3" in lines[-1])
+    assert ("| noscale_lr4e-3 | baseline_lr2e-3 | 3 | +0.0060 ± 0.0030 | [-0.0015, +0.0135] |"
+            in "\n".join(lines))
 
 
 def test_summary_counts_seeds_agreeing_in_sign_and_a_t_interval():
-    grid = [Variant("base", "c.py", [], None, "", 0), Variant("x", "c.py", [], "base", "x lowers the loss", -1)]
+    grid = [Variant("base", "c.py", [], None, "", 0),
+            Variant("x", "c.py", [], "base", "x lowers the loss", -1)]
     diffs = [-0.02, -0.01, 0.005, -0.03]
-    results = {"base": {s: fake(2.0, s) for s in range(1, 5)}, "x": {s: fake(2.0 + d, s) for s, d in enumerate(diffs, 1)}}
+    results = {"base": {s: fake(2.0, s) for s in range(1, 5)},
+               "x": {s: fake(2.0 + d, s) for s, d in enumerate(diffs, 1)}}
     row = report.summarize(grid, results)[1]
     assert row["agree"] == 3
     half = 3.182 * statistics.stdev(diffs) / 2   # t(0.975, 3) s / sqrt(4)
-    assert abs(row["ci95"][0] - (statistics.mean(diffs) - half)) < 1e-9 and abs(row["ci95"][1] - (statistics.mean(diffs) + half)) < 1e-9
+    assert (abs(row["ci95"][0] - (statistics.mean(diffs) - half)) < 1e-9
+            and abs(row["ci95"][1] - (statistics.mean(diffs) + half)) < 1e-9)
 
 
 def test_the_verdict_is_the_95_interval_not_two_standard_errors():
-    """ER's row once read "beyond noise" (|mean| > 2 standard errors) while its 95% interval covered 0."""
-    diffs = [-0.0048 + d for d in (-0.006, 0.006, -0.004, 0.004, -0.002, 0.002)]   # mean 2.5 SE from 0
+    """ER's row once read "beyond noise" (|mean| > 2 standard errors) while its 95% interval
+    covered 0."""
+    # mean 2.5 SE from 0
+    diffs = [-0.0048 + d for d in (-0.006, 0.006, -0.004, 0.004, -0.002, 0.002)]
     ci = report.ci95(diffs)
-    assert abs(statistics.mean(diffs)) > 2 * statistics.stdev(diffs) / 6 ** 0.5 and ci[0] < 0 < ci[1]
+    assert (abs(statistics.mean(diffs)) > 2 * statistics.stdev(diffs) / 6 ** 0.5
+            and ci[0] < 0 < ci[1])
     assert report.verdict(ci) == "not resolved"
     assert report.verdict([-0.03, -0.01]) == "lower" and report.verdict([0.01, 0.02]) == "higher"
     assert report.verdict(None) == "—"
@@ -394,13 +456,15 @@ def test_dnp_gain_splits_seed_by_seed_into_norm_and_vector_parts():
 
 def test_the_wd_report_gives_the_final_vectors_of_each_kind_beside_the_losses():
     def run(loss, seed, g_in, g_out):
-        return {**fake(loss, seed), "sv_means": {"blocks.0.attn.qkv.g_in": [1.0, g_in], "g_final": [1.0, g_in],
+        return {**fake(loss, seed), "sv_means": {"blocks.0.attn.qkv.g_in": [1.0, g_in],
+                                                 "g_final": [1.0, g_in],
                                                  "blocks.0.attn.q_norm.g": [1.0, g_out]}}
     results = {"gemma_none_wd1.0": {s: run(2.0, s, 1.0, 1.1) for s in (1, 2)},
                "gemma_iwd_wd1.0": {1: run(1.99, 1, 0.6, 1.1), 2: run(1.98, 2, 0.5, 1.1)}}
     lines, data = report.wd_report(results)
     (row,) = data["rows"]
-    assert (row["variant"], row["baseline"], row["weight_decay"]) == ("gemma_iwd_wd1.0", "gemma_none_wd1.0", "1.0")
+    assert (row["variant"], row["baseline"], row["weight_decay"]) == (
+        "gemma_iwd_wd1.0", "gemma_none_wd1.0", "1.0")
     assert abs(row["mean"] + 0.015) < 1e-12 and row["g"] == {"input": 0.55, "output": 1.1}
     assert row["g_baseline"] == {"input": 1.0, "output": 1.1}
     assert any("| 0.550 / 1.000 | 1.100 / 1.100 |" in line for line in lines)
@@ -408,16 +472,21 @@ def test_the_wd_report_gives_the_final_vectors_of_each_kind_beside_the_losses():
 
 def test_the_metrics_reader_skips_a_torn_last_line(tmp_path):
     lines = [json.dumps({"kind": "eval", "iter": i, "val_loss": 2.0 - i / 10}) for i in (0, 1)]
-    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"kind": "eval", "it')   # a write cut short
+    # a write cut short
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"kind": "eval", "it')
     assert [r["iter"] for r in read_metrics(tmp_path)] == [0, 1]
 
 
-def test_summary_only_rewrites_the_committed_summary_from_its_results_and_runs_nothing(tmp_path, monkeypatch, capsys):
+def test_summary_only_rewrites_the_committed_summary_from_its_results_and_runs_nothing(
+        tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     res = tmp_path / "results" / "default"
-    shutil.copytree(os.path.join(ROOT, "results", "default"), res, ignore=shutil.ignore_patterns("*.png", "summary.*"))
-    monkeypatch.setattr(reproduce.Runner, "__call__", lambda *a, **k: pytest.fail("--summary_only must run nothing"))
-    monkeypatch.setattr(reproduce, "plot_grid", lambda *a, **k: None)   # the figures are not what is checked here
+    shutil.copytree(os.path.join(ROOT, "results", "default"), res,
+                    ignore=shutil.ignore_patterns("*.png", "summary.*"))
+    monkeypatch.setattr(reproduce.Runner, "__call__",
+                        lambda *a, **k: pytest.fail("--summary_only must run nothing"))
+    # the figures are not what is checked here
+    monkeypatch.setattr(reproduce, "plot_grid", lambda *a, **k: None)
     assert reproduce.main(["--summary_only"]) == 0
     with open(res / "summary.json") as f:
         new = {r["variant"]: r for r in json.load(f)["rows"]}
@@ -431,27 +500,34 @@ def test_summary_only_rewrites_the_committed_summary_from_its_results_and_runs_n
 
 def test_param_overheads_count_the_vectors_each_reading_adds(monkeypatch):
     L, d, H = 2, 64, 4
-    monkeypatch.setattr(report, "OVERHEAD_SHAPES", {"tiny": dict(n_layer=L, n_head=H, n_embd=d, vocab_size=100)})
+    monkeypatch.setattr(report, "OVERHEAD_SHAPES",
+                        {"tiny": dict(n_layer=L, n_head=H, n_embd=d, vocab_size=100)})
     row = report.param_overheads()["tiny"]
     h = 32 * -(-8 * d // 3 // 32)   # SwiGLU's hidden width, 8/3 d rounded up to 32
     extra = {k: round(row[k] * row["baseline"]) for k in report.OVERHEAD_FLAGS}
-    assert extra["HG"] == L * 3 * d                     # g_q, g_k, g_v and g_gate, g_up for g_attn and g_ffn
-    assert extra["DNP, full"] == L * (3 * d + 2 * h)    # g_out over every output of q, k, v, gate, up
-    assert extra["DNP, head"] == L * (3 * d // H + 2)   # one head-sized vector per q, k, v; a scalar per gate, up
+    # g_q, g_k, g_v and g_gate, g_up for g_attn and g_ffn
+    assert extra["HG"] == L * 3 * d
+    # g_out over every output of q, k, v, gate, up
+    assert extra["DNP, full"] == L * (3 * d + 2 * h)
+    # one head-sized vector per q, k, v; a scalar per gate, up
+    assert extra["DNP, head"] == L * (3 * d // H + 2)
     assert extra["unified, head"] < extra["unified, full"] and extra["DNP, head"] < extra["HG"]
     lines = report.overhead_lines(report.param_overheads())
     assert lines[-1].startswith("| tiny | ") and f"{row['HG']:.2e}" in lines[-1]
 
 
-# ---- every grid row is what its name says -----------------------------------------------------------------
-# the words of a row's name after its variant (helpers.VARIANTS): what each asks of the resolved config
-MODIFIERS = {"muon": dict(optimizer="muon"), "wsd": dict(lr_schedule="wsd"), "head": dict(sv_dnp_width="head"),
-             "novec": dict(sv_placement="dnp_novec"), "noiwd": dict(sv_weight_decay="none")}
+# ---- every grid row is what its name says -------------------------------------------------------
+# the words of a row's name after its variant (helpers.VARIANTS): what each asks of the resolved
+# config
+MODIFIERS = {"muon": dict(optimizer="muon"), "wsd": dict(lr_schedule="wsd"),
+             "head": dict(sv_dnp_width="head"), "novec": dict(sv_placement="dnp_novec"),
+             "noiwd": dict(sv_weight_decay="none")}
 
 
 def expected_config(name):
-    """The config values a grid row's name promises: its variant's flags (helpers.VARIANTS; gemma_<policy>
-    also its decay policy; moe_ a MoE FFN), then each modifier word, rate (lr), decay (wd) or size."""
+    """The config values a grid row's name promises: its variant's flags (helpers.VARIANTS;
+    gemma_<policy> also its decay policy; moe_ a MoE FFN), then each modifier word, rate (lr),
+    decay (wd) or size."""
     from helpers import VARIANTS
     words, want = name.split("_"), {}
     if words[0] == "moe":
@@ -460,7 +536,8 @@ def expected_config(name):
     if head == "gemma":
         head, want["sv_weight_decay"] = "gemma", words[1]
         words = words[1:]
-    assert head in VARIANTS, f"grid row {name!r}: {head!r} is not a named variant (tests/helpers.py VARIANTS)"
+    assert head in VARIANTS, (
+        f"grid row {name!r}: {head!r} is not a named variant (tests/helpers.py VARIANTS)")
     want.update(VARIANTS[head])
     for w in words[1:]:
         if w in MODIFIERS:
@@ -473,21 +550,26 @@ def expected_config(name):
             n_layer, n_embd, _ = grids.SIZES[w]
             want.update(n_layer=n_layer, n_embd=n_embd)
         elif not re.fullmatch(r"x[\d.]+|t\d+|350m|none|iwd|all", w):   # budget, tokens/param
-            raise AssertionError(f"grid row {name!r}: the word {w!r} has no meaning here (add it to MODIFIERS)")
+            raise AssertionError(f"grid row {name!r}: the word {w!r} has no meaning here "
+                                 "(add it to MODIFIERS)")
     return want
 
 
 @pytest.mark.parametrize("grid", sorted(grids.GRIDS))
 def test_every_grid_row_runs_the_config_its_name_says(grid):
-    """A row pointing at the wrong config file (or overrides) would label its results silently wrong."""
+    """A row pointing at the wrong config file (or overrides) would label its results silently
+    wrong."""
     from model import GPTConfig
-    model_defaults = {f: getattr(GPTConfig, f) for f in ("scale_vectors", "sv_hetero", "sv_placement", "sv_reparam",
-                                                          "qk_norm", "post_norm", "sv_dnp_width")}
+    model_defaults = {f: getattr(GPTConfig, f)
+                      for f in ("scale_vectors", "sv_hetero", "sv_placement", "sv_reparam",
+                                "qk_norm", "post_norm", "sv_dnp_width")}
     for v in grids.GRIDS[grid]():
         cfg = reproduce.train_config(v.config, tuple(v.overrides))
         want = {**model_defaults, **expected_config(v.name)}
-        wrong = {k: (cfg[k], w) for k, w in want.items() if not (w(cfg[k]) if callable(w) else cfg[k] == w)}
-        assert not wrong, f"grid {grid}, row {v.name} ({v.config} {v.overrides}): (config, name) {wrong}"
+        wrong = {k: (cfg[k], w) for k, w in want.items()
+                 if not (w(cfg[k]) if callable(w) else cfg[k] == w)}
+        assert not wrong, (
+            f"grid {grid}, row {v.name} ({v.config} {v.overrides}): (config, name) {wrong}")
 
 
 def test_a_row_with_the_wrong_config_fails_the_check():
@@ -501,7 +583,7 @@ def test_the_overhead_table_reads_unified_as_the_named_variants_have_it():
     assert report.UNIFIED_FLAGS == VARIANTS["unified"]
 
 
-# ---- issue 20: one sentence and nothing written for bad input; nothing outside the folder touched ----------
+# ---- issue 20: one sentence and nothing written for bad input; nothing outside the folder touched
 ONE = {"g": [Variant("a", "config/baseline_char.py", [], None, "", 0)]}
 
 
@@ -512,8 +594,10 @@ def one_line_error(e):
 
 
 def test_an_added_variant_in_the_lr_grid_is_summarized_not_a_crash():
-    """Issue 20.9: --grid=lr --add=mine:... ran, then crashed with a ValueError before any summary."""
-    results = {"baseline_lr1e-3": {1: fake(2.0)}, "unified_lr1e-3": {1: fake(1.9)}, "mine": {1: fake(1.8)}}
+    """Issue 20.9: --grid=lr --add=mine:... ran, then crashed with a ValueError before any
+    summary."""
+    results = {"baseline_lr1e-3": {1: fake(2.0)}, "unified_lr1e-3": {1: fake(1.9)},
+               "mine": {1: fake(1.8)}}
     lines, rep = report.lr_report(results)
     assert set(rep["sweep"]) == {"baseline", "unified"}
     grid = [*grids.lr_grid(), Variant("mine", "config/baseline_char.py", [], None, "(added)", 0)]
@@ -522,7 +606,8 @@ def test_an_added_variant_in_the_lr_grid_is_summarized_not_a_crash():
 
 @pytest.mark.parametrize("flag", ["--dry_run", "--summary_only"])
 def test_a_torn_or_empty_result_is_left_out_with_a_note(flag, tmp_path, monkeypatch, capsys):
-    """Issue 20.10: a torn or empty result.json was a JSONDecodeError under --summary_only or --dry_run."""
+    """Issue 20.10: a torn or empty result.json was a JSONDecodeError under --summary_only or
+    --dry_run."""
     monkeypatch.chdir(tmp_path)
     for seed, text in ((1, ""), (2, '{"variant": "a", "se')):
         (tmp_path / "res" / "runs" / "a" / f"seed{seed}").mkdir(parents=True)
@@ -532,12 +617,16 @@ def test_a_torn_or_empty_result_is_left_out_with_a_note(flag, tmp_path, monkeypa
     assert "0 done, 2 to do" in out and out.count("is not a complete result") == 2, out
 
 
-@pytest.mark.parametrize("argv,words", [(["--add=..:config/baseline_char.py"], "NAME must be new to the grid"),
-                                        (["--add=.x:config/baseline_char.py"], "not start with a dot"),
-                                        (["--results_dir=README.md"], "is a file, not a folder"),
-                                        (["--results_dir=README.md/x"], "is a file, not a folder")])
-def test_a_name_outside_runs_or_a_file_as_results_dir_is_one_sentence(argv, words, tmp_path, monkeypatch):
-    """Issue 20.12: --add=..:CONFIG wrote <results>/seed1 outside runs/; --results_dir=README.md was a traceback."""
+@pytest.mark.parametrize("argv,words", [
+    (["--add=..:config/baseline_char.py"], "NAME must be new to the grid"),
+    (["--add=.x:config/baseline_char.py"], "not start with a dot"),
+    (["--results_dir=README.md"], "is a file, not a folder"),
+    (["--results_dir=README.md/x"], "is a file, not a folder"),
+])
+def test_a_name_outside_runs_or_a_file_as_results_dir_is_one_sentence(
+        argv, words, tmp_path, monkeypatch):
+    """Issue 20.12: --add=..:CONFIG wrote <results>/seed1 outside runs/; --results_dir=README.md
+    was a traceback."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "README.md").write_text("not a folder\n")
     with pytest.raises(SystemExit) as e:
@@ -547,15 +636,17 @@ def test_a_name_outside_runs_or_a_file_as_results_dir_is_one_sentence(argv, word
 
 
 def test_a_results_dir_with_glob_characters_touches_only_itself(tmp_path, monkeypatch, capsys):
-    """Issue 20.2 (reproduce.py's half): --results_dir='res[1]' matched res1 as a pattern, so starting a run
-    deleted res1's checkpoints and its results counted as this folder's."""
+    """Issue 20.2 (reproduce.py's half): --results_dir='res[1]' matched res1 as a pattern, so
+    starting a run deleted res1's checkpoints and its results counted as this folder's."""
     monkeypatch.chdir(tmp_path)
     other = tmp_path / "res1" / "runs" / "a" / "seed1"
     other.mkdir(parents=True)
     for name in ("ckpt_0000010.pt", "latest", "metrics.jsonl"):
         (other / name).write_text("another grid's")
-    assert reproduce.checkpoints("res[1]/runs/a/seed1") == [] and len(reproduce.checkpoints(str(other))) == 2
-    monkeypatch.setattr(reproduce.Children, "run", lambda self, cmd, **kw: 1)   # train.py "fails" at once
+    assert (reproduce.checkpoints("res[1]/runs/a/seed1") == []
+            and len(reproduce.checkpoints(str(other))) == 2)
+    # train.py "fails" at once
+    monkeypatch.setattr(reproduce.Children, "run", lambda self, cmd, **kw: 1)
     assert reproduce.main(["--grid=g", "--seeds=1", "--results_dir=res[1]"], ONE) == 1
     assert "FAILED" in capsys.readouterr().out
     assert sorted(os.listdir(other)) == ["ckpt_0000010.pt", "latest", "metrics.jsonl"]
@@ -563,9 +654,11 @@ def test_a_results_dir_with_glob_characters_touches_only_itself(tmp_path, monkey
 
 
 def test_a_second_reproduce_on_one_folder_is_one_sentence(tmp_path, monkeypatch):
-    """Issue 20.11: two invocations on one results folder called each other's runs FAILED and garbled train.log."""
+    """Issue 20.11: two invocations on one results folder called each other's runs FAILED and
+    garbled train.log."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(reproduce.Children, "run", lambda self, cmd, **kw: pytest.fail("must not start"))
+    monkeypatch.setattr(reproduce.Children, "run",
+                        lambda self, cmd, **kw: pytest.fail("must not start"))
     held = reproduce.lock_results("res")
     try:
         with pytest.raises(SystemExit) as e:
@@ -578,38 +671,43 @@ def test_a_second_reproduce_on_one_folder_is_one_sentence(tmp_path, monkeypatch)
 
 def write_result(run_dir, args, code):
     run_dir.mkdir(parents=True)
-    r = {"variant": "a", "seed": 1, "args": args, "val_loss": 2.0, "curve": [[0, 4.0], [8, 2.0]], "wall_s": 1.0,
-         "sv_means": {}, "code": code}
+    r = {"variant": "a", "seed": 1, "args": args, "val_loss": 2.0, "curve": [[0, 4.0], [8, 2.0]],
+         "wall_s": 1.0, "sv_means": {}, "code": code}
     (run_dir / "result.json").write_text(json.dumps(r))
 
 
 def test_a_folder_holds_one_code_version_unless_mixed_code(tmp_path, monkeypatch, capsys):
-    """Issue 19.5: runs of other code are not added to a folder silently; a grid whose code changes while it
-    runs starts no further run."""
+    """Issue 19.5: runs of other code are not added to a folder silently; a grid whose code changes
+    while it runs starts no further run."""
     monkeypatch.chdir(tmp_path)
     args = reproduce.run_args(ONE["g"][0], 8, [], 1, os.path.join("res", "runs", "a", "seed1"))
-    write_result(tmp_path / "res" / "runs" / "a" / "seed1", args, "f2e3455-dirty")   # an older run's record
+    # an older run's record
+    write_result(tmp_path / "res" / "runs" / "a" / "seed1", args, "f2e3455-dirty")
     with pytest.raises(SystemExit) as e:
         reproduce.main(["--grid=g", "--seeds=2", "--max_iters=8", "--results_dir=res"], ONE)
     msg = one_line_error(e)
     assert "holds runs of other code (1 of f2e3455-dirty)" in msg and "--mixed_code" in msg, msg
 
     calls = []   # the first call is the grid's start; the code is edited after it
-    monkeypatch.setattr(reproduce, "code_version", lambda: calls.append(1) or {"commit": "c" * 40, "diff": None,
-                                                                                "id": "one" if len(calls) == 1 else "two"})
-    monkeypatch.setattr(reproduce.Children, "run", lambda self, cmd, **kw: pytest.fail("must not start"))
+    monkeypatch.setattr(reproduce, "code_version",
+                        lambda: calls.append(1) or {"commit": "c" * 40, "diff": None,
+                                                    "id": "one" if len(calls) == 1 else "two"})
+    monkeypatch.setattr(reproduce.Children, "run",
+                        lambda self, cmd, **kw: pytest.fail("must not start"))
     capsys.readouterr()
-    assert reproduce.main(["--grid=g", "--seeds=2", "--max_iters=8", "--results_dir=res2"], ONE) == 1
+    assert reproduce.main(["--grid=g", "--seeds=2", "--max_iters=8", "--results_dir=res2"],
+                          ONE) == 1
     out = capsys.readouterr().out
-    assert out.count("interrupted (not started: the code changed since this grid started (one -> two)") == 2, out
+    assert out.count("interrupted (not started: the code changed since this grid started "
+                     "(one -> two)") == 2, out
 
 
 def test_the_code_id_follows_the_python_code_not_the_commit(tmp_path, monkeypatch):
     """Two commits that differ in prose or results only share an id; a Python edit changes it, and
     committing the edit does not; an untracked .py file counts as an edit."""
     def git(*args):
-        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
-                       capture_output=True)
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
+                       check=True, capture_output=True)
     git("init", "-q")
     (tmp_path / "train.py").write_text("x = 1\n")
     (tmp_path / "README.md").write_text("a\n")
@@ -619,7 +717,8 @@ def test_the_code_id_follows_the_python_code_not_the_commit(tmp_path, monkeypatc
     (tmp_path / "README.md").write_text("b\n")
     git("commit", "-qam", "prose")
     prose = reproduce.code_version()
-    assert prose["commit"] != first["commit"] and prose["id"] == first["id"] and prose["diff"] is None
+    assert (prose["commit"] != first["commit"] and prose["id"] == first["id"]
+            and prose["diff"] is None)
     (tmp_path / "train.py").write_text("x = 2\n")
     edited = reproduce.code_version()
     assert edited["diff"] is not None and edited["id"] != first["id"]
@@ -632,19 +731,22 @@ def test_the_code_id_follows_the_python_code_not_the_commit(tmp_path, monkeypatc
 
 def test_the_code_version_names_the_commit_and_hashes_uncommitted_edits():
     code = reproduce.code_version()
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True).stdout.strip()
     if not head:
         pytest.skip("not a git checkout")
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", "*.py"], cwd=ROOT, capture_output=True,
-                           text=True).stdout.strip()
-    assert code["commit"] == head and (code["diff"] is None) == (not dirty) and len(code["id"]) == 12
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "*.py"], cwd=ROOT,
+                           capture_output=True, text=True).stdout.strip()
+    assert (code["commit"] == head and (code["diff"] is None) == (not dirty)
+            and len(code["id"]) == 12)
     assert report.code_id(code) == code["id"] and report.code_id(None) == "unknown"
 
 
 LONG_GRID = """
 import sys, reproduce
 from grids import Variant
-sys.exit(reproduce.main(sys.argv[1:], {"g": [Variant("a", "config/baseline_char.py", [], None, "", 0)]}))
+sys.exit(reproduce.main(sys.argv[1:], \
+{"g": [Variant("a", "config/baseline_char.py", [], None, "", 0)]}))
 """
 
 
@@ -658,17 +760,19 @@ def alive(pid):
 
 @pytest.mark.slow   # reproduce.py and a train.py in subprocesses
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_to_reproduce_stops_its_train_py_and_the_run_resumes_next_time(sig, workdir, monkeypatch, capsys):
-    """Issue 20.11: `kill <reproduce pid>` left its train.py running as an orphan and the rerun called that run
-    FAILED; SIGINT waited for the whole current run. Now the signal reaches train.py, which saves and exits;
-    the run is "interrupted", and the same command resumes it."""
+def test_a_signal_to_reproduce_stops_its_train_py_and_the_run_resumes_next_time(
+        sig, workdir, monkeypatch, capsys):
+    """Issue 20.11: `kill <reproduce pid>` left its train.py running as an orphan and the rerun
+    called that run FAILED; SIGINT waited for the whole current run. Now the signal reaches
+    train.py, which saves and exits; the run is "interrupted", and the same command resumes it."""
     monkeypatch.chdir(workdir)
-    argv = ["--grid=g", "--seeds=1", "--max_iters=1000", "--jobs=1", f"--results_dir=sig{sig.value}",
+    argv = ["--grid=g", "--seeds=1", "--max_iters=1000", "--jobs=1",
+            f"--results_dir=sig{sig.value}",
             f"--extra={TINY.replace('--eval_interval=4', '--eval_interval=1000')}"]
     run = workdir / f"sig{sig.value}" / "runs" / "a" / "seed1"
     env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
-    p = subprocess.Popen([sys.executable, "-c", LONG_GRID, *argv], cwd=workdir, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
+    p = subprocess.Popen([sys.executable, "-c", LONG_GRID, *argv], cwd=workdir, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline, pids = time.time() + 120, []
     while time.time() < deadline and not any(r["iter"] >= 20 for r in read_metrics(run, "train")):
         time.sleep(0.05)
@@ -681,7 +785,8 @@ def test_a_signal_to_reproduce_stops_its_train_py_and_the_run_resumes_next_time(
     stopped_at = max(r["iter"] for r in read_metrics(run, "train"))
     assert stopped_at < 1000 and (run / "latest").exists() and not (run / "result.json").exists()
     if sig == signal.SIGTERM:   # the same command, again: the run resumes from its checkpoint
-        assert reproduce.main(argv, {"g": [Variant("a", "config/baseline_char.py", [], None, "", 0)]}) == 0
+        assert reproduce.main(argv, {"g": [
+            Variant("a", "config/baseline_char.py", [], None, "", 0)]}) == 0
         out = capsys.readouterr().out
         assert "0 done, 1 to do" in out and "resumed" in out, out
         assert "resuming from" in (run / "train.log").read_text()
@@ -692,5 +797,5 @@ def test_the_summary_says_which_code_made_the_runs():
     assert report.code_lines({"a": {1: {"code": one}, 2: {"code": one}}}) == \
         [f"Code: every run by abc (commit {'c' * 12})."]
     mixed = report.code_lines({"a": {1: {"code": one}, 2: {}}, "b": {1: {"code": "f2e3455-dirty"}}})
-    assert mixed == [f"Code: the runs mix code versions (--mixed_code): 1 by abc (commit {'c' * 12}); "
-                     "1 by f2e3455-dirty; 1 by unknown."]
+    assert mixed == [f"Code: the runs mix code versions (--mixed_code): 1 by abc "
+                     f"(commit {'c' * 12}); 1 by f2e3455-dirty; 1 by unknown."]

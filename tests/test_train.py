@@ -17,7 +17,8 @@ def test_training_lowers_the_loss(workdir):
     assert [r["iter"] for r in evals] == [0, 40]
     assert evals[1]["val_loss"] < evals[0]["val_loss"] - 0.3, evals
     assert len(records(workdir, "out_drop", "train")) == 40
-    assert "blocks.1.mlp.gate_up.g_in" in evals[1]["scale_vectors"]   # telemetry of every effective vector
+    # telemetry of every effective vector
+    assert "blocks.1.mlp.gate_up.g_in" in evals[1]["scale_vectors"]
 
 
 @pytest.mark.slow
@@ -31,7 +32,8 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(workdir):
     assert [r["loss"] for r in resumed] == [r["loss"] for r in full]   # bit for bit
     a, b = final_state(workdir, "out_full")["model"], final_state(workdir, "out_resumed")["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
-    again = train(workdir, "--out_dir=out_resumed", "--max_iters=12", "--init_from=resume", *common)   # a requeue
+    again = train(workdir, "--out_dir=out_resumed", "--max_iters=12", "--init_from=resume",
+                  *common)   # a requeue
     assert "is at iteration 12 and max_iters=12: nothing to train" in again.stdout, again.stdout
     assert records(workdir, "out_resumed", "train") == resumed
 
@@ -41,14 +43,19 @@ def test_ddp_two_processes_match_one_process_with_accumulation(workdir):
     common = ["--max_iters=4", "--eval_interval=4", "--gradient_accumulation_steps=2"]
     train(workdir, "--out_dir=out_single", *common)
     train(workdir, "--out_dir=out_ddp", *common,
-          launcher=(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"))
-    single, ddp = final_state(workdir, "out_single")["model"], final_state(workdir, "out_ddp")["model"]
+          launcher=(sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    "--nproc_per_node=2"))
+    single, ddp = (final_state(workdir, "out_single")["model"],
+                   final_state(workdir, "out_ddp")["model"])
     for k in single:
         assert torch.allclose(single[k], ddp[k], atol=1e-5, rtol=0), k
     assert final_state(workdir, "out_ddp")["iter_num"] == 4
-    p = train(workdir, "--out_dir=out_ddp_odd", "--max_iters=4", "--gradient_accumulation_steps=3", check=False,
-              launcher=(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"))
-    assert p.returncode != 0 and "gradient_accumulation_steps=3 is not a multiple of the 2 processes" in p.stderr, p.stderr
+    p = train(workdir, "--out_dir=out_ddp_odd", "--max_iters=4", "--gradient_accumulation_steps=3",
+              check=False,
+              launcher=(sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc_per_node=2"))
+    assert p.returncode != 0 and (
+        "gradient_accumulation_steps=3 is not a multiple of the 2 processes" in p.stderr), p.stderr
     assert not (workdir / "out_ddp_odd").exists()   # refused before anything was written
 
 
@@ -59,7 +66,8 @@ def existing_run(workdir):
     bad = workdir / "data" / "small_vocab"
     shutil.copytree(workdir / "data" / "tiny", bad, dirs_exist_ok=True)
     meta = json.loads((bad / "meta.json").read_text())
-    (bad / "meta.json").write_text(json.dumps({**meta, "vocab_size": 10, "chars": meta["chars"][:10]}))
+    (bad / "meta.json").write_text(json.dumps({**meta, "vocab_size": 10,
+                                               "chars": meta["chars"][:10]}))
     return workdir / "out_keep"
 
 
@@ -71,7 +79,8 @@ def snapshot(d):
 @pytest.mark.parametrize("args,message", [
     (["--lr_decay_iters=abc"], "expects int"),          # a key whose default was None took anything
     (["--dataset=nowhere"], "prepare_data.py"),
-    (["--block_size=5000"], "val.bin has 2000 tokens"),   # fits train, not val: found at start, not at the first eval
+    # fits train, not val: found at start, not at the first eval
+    (["--block_size=5000"], "val.bin has 2000 tokens"),
     (["--dataset=small_vocab"], "beyond vocab_size"),
     (["--sv_placement=post"], "sv_placement"),
     (["--batch_size=0"], "batch_size=0 is out of range: it must be >= 1"),
@@ -79,20 +88,24 @@ def snapshot(d):
     (["--init_from=resume", "--out_dir=out_none"], "no checkpoint"),
     (["--out_dir=tiny.txt"], "is a file"),
 ])
-def test_bad_input_is_one_sentence_and_leaves_the_existing_run_as_it_was(workdir, existing_run, args, message):
+def test_bad_input_is_one_sentence_and_leaves_the_existing_run_as_it_was(
+        workdir, existing_run, args, message):
     before = snapshot(existing_run)
-    """Each of these is found before out_dir is touched, even with --overwrite=True (which would clear the run)."""
-    p = train(workdir, "--max_iters=4", "--out_dir=out_keep", "--overwrite=True", *args, check=False)
+    """Each of these is found before out_dir is touched, even with --overwrite=True (which would
+    clear the run)."""
+    p = train(workdir, "--max_iters=4", "--out_dir=out_keep", "--overwrite=True", *args,
+              check=False)
     assert p.returncode != 0
     last = p.stderr.strip().splitlines()[-1]
     assert message in last and "Traceback" not in p.stderr, p.stderr
     assert snapshot(existing_run) == before
 
 
-# ---- the pinned run: what training does, against committed numbers --------------------------------
+# ---- the pinned run: what training does, against committed numbers ------------------------------
 # Two runs of train.py (the baseline, and unified with its weight decay) for PINNED_STEPS steps on a
 # fixed seed; their losses at every step and a checksum of their final weights are compared with
-# tests/pinned_run.json. Any change to the step, the schedule, the init or the data order moves them.
+# tests/pinned_run.json. Any change to the step, the schedule, the init or the data order moves
+# them.
 # Tolerance: relative 1e-4. The same code on another CPU (another vector width or thread count)
 # rounds float32 sums in another order, which moves these numbers by ~1e-6 after 30 steps; the
 # smallest change this must catch, a 0.1% pull on the weights per step, moves the checksum by ~3%.
@@ -100,7 +113,8 @@ def test_bad_input_is_one_sentence_and_leaves_the_existing_run_as_it_was(workdir
 # commit message.
 PINNED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pinned_run.json")
 PINNED_STEPS = 30
-PINNED_RUNS = {"baseline": [], "unified": [f"--{k}={v}" for k, v in model_py.VARIANTS["unified"].items()]}
+PINNED_RUNS = {"baseline": [],
+               "unified": [f"--{k}={v}" for k, v in model_py.VARIANTS["unified"].items()]}
 
 
 def pinned_args(out):
@@ -109,19 +123,21 @@ def pinned_args(out):
 
 
 def checksum(state):
-    """The sum of squares of each weight, in float64: positive, so a relative tolerance means the same
-    for every tensor, and one that moved is named."""
+    """The sum of squares of each weight, in float64: positive, so a relative tolerance means the
+    same for every tensor, and one that moved is named."""
     return {k: v.double().pow(2).sum().item() for k, v in state.items()}
 
 
 def pinned_numbers(wd):
     """{run: {"losses": [...], "weights": checksum}}, the runs started together (two cores)."""
-    procs = {name: start(wd, *pinned_args(f"out_pin_{name}"), *args) for name, args in PINNED_RUNS.items()}
+    procs = {name: start(wd, *pinned_args(f"out_pin_{name}"), *args)
+             for name, args in PINNED_RUNS.items()}
     numbers = {}
     for name, p in procs.items():
         finish(p)
         losses = [r["loss"] for r in records(wd, f"out_pin_{name}", "train")]
-        numbers[name] = {"losses": losses, "weights": checksum(final_state(wd, f"out_pin_{name}")["model"])}
+        numbers[name] = {"losses": losses,
+                         "weights": checksum(final_state(wd, f"out_pin_{name}")["model"])}
     return numbers
 
 
@@ -129,15 +145,19 @@ def test_training_matches_the_pinned_run(workdir):
     with open(PINNED) as f:
         pinned = json.load(f)
     if pinned["torch"] != torch.__version__:
-        pytest.skip(f"the pinned numbers were computed with torch {pinned['torch']}, this is {torch.__version__}: "
-                    "repin with `python tests/test_train.py --repin` if this version is the new reference")
+        pytest.skip(f"the pinned numbers were computed with torch {pinned['torch']}, "
+                    f"this is {torch.__version__}: "
+                    "repin with `python tests/test_train.py --repin` if this version is the new "
+                    "reference")
     got = pinned_numbers(workdir)
     for name, want in pinned["runs"].items():
         assert len(got[name]["losses"]) == PINNED_STEPS, name
-        assert got[name]["losses"] == pytest.approx(want["losses"], rel=1e-4), f"{name}: the losses moved"
+        assert got[name]["losses"] == pytest.approx(want["losses"], rel=1e-4), (
+            f"{name}: the losses moved")
         assert got[name]["weights"].keys() == want["weights"].keys(), f"{name}: other weights"
         for k, v in want["weights"].items():
-            assert got[name]["weights"][k] == pytest.approx(v, rel=1e-4), f"{name}: the final {k} moved"
+            assert got[name]["weights"][k] == pytest.approx(v, rel=1e-4), (
+                f"{name}: the final {k} moved")
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--repin"]:
@@ -148,8 +168,8 @@ if __name__ == "__main__" and sys.argv[1:] == ["--repin"]:
         wd = Path(tmp)
         (wd / "tiny.txt").write_text(open(os.path.join(ROOT, "data", "raw", "tinyshakespeare.txt"),
                                           encoding="utf-8").read()[:20000], encoding="utf-8")
-        prepare_data.main(["text", "--input", str(wd / "tiny.txt"), "--name", "tiny", "--tokenizer", "char",
-                           "--out_dir", str(wd / "data" / "tiny")])
+        prepare_data.main(["text", "--input", str(wd / "tiny.txt"), "--name", "tiny",
+                           "--tokenizer", "char", "--out_dir", str(wd / "data" / "tiny")])
         runs = pinned_numbers(wd)
     with open(PINNED, "w") as f:
         json.dump({"torch": torch.__version__, "steps": PINNED_STEPS, "runs": runs}, f, indent=1)

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 import configurator
 import export_hf
 import model as model_py
-from helpers import MOE, ROOT, TINY, expected_decay, make, model_flags, randomize_scale_vectors, tokens
+from helpers import (MOE, ROOT, TINY, expected_decay, make, model_flags, randomize_scale_vectors,
+                     tokens)
 from model import GPTConfig, ScaleVector
 
 
@@ -35,7 +36,8 @@ def models(reparam, placement, seed=0):
             if not model_py.PLACEMENTS[placement].norm:
                 kw.update(qk_norm=hetero, post_norm=hetero)
         out.append((f"reparam={reparam!r} placement={placement!r} " + ", ".join(
-            f"{k}={v}" for k, v in kw.items() if k in ("sv_hetero", "sv_dnp_width", "n_experts")), kw))
+            f"{k}={v}" for k, v in kw.items()
+            if k in ("sv_hetero", "sv_dnp_width", "n_experts")), kw))
     return out
 
 
@@ -47,7 +49,7 @@ def vectors(model):
     return {n: m for n, m in model.named_modules() if isinstance(m, ScaleVector)}
 
 
-# ---- the checks ------------------------------------------------------------------------------------
+# ---- the checks ---------------------------------------------------------------------------------
 
 def check_vectors_are_exactly_one_at_init(reparam, placement):
     """Paper: "scale vectors initialised to 1", so a variant starts from the baseline's function."""
@@ -66,14 +68,16 @@ def check_the_function_at_init_is_that_of_plain_vectors(reparam, placement):
         assert torch.equal(logits, plain), f"{label}: the logits at init differ from 'none'"
         if not (model_py.PLACEMENTS[placement].norm or kw.get("qk_norm")):
             base = make(**{k: v for k, v in kw.items() if not k.startswith("sv_")})(idx)[0]
-            assert torch.equal(logits, base), f"{label}: the logits at init differ from the baseline's"
+            assert torch.equal(logits, base), (
+                f"{label}: the logits at init differ from the baseline's")
 
 
 def check_the_matrices_share_the_baseline_init(reparam, placement):
     """A seed fixes every weight the variants share, so variants are compared like with like."""
     for label, kw in models(reparam, placement):
         model = make(seed=3, **kw)
-        base = make(seed=3, **{k: v for k, v in kw.items() if not k.startswith(("sv_", "qk", "post"))})
+        base = make(seed=3, **{k: v for k, v in kw.items()
+                               if not k.startswith(("sv_", "qk", "post"))})
         ref, own = base.state_dict(), model.state_dict()
         for k, cls in model.param_classes().items():
             if cls in ("matrix", "embedding"):
@@ -92,8 +96,8 @@ def check_no_vector_is_inert(reparam, placement):
 
 
 def check_folding(reparam, placement):
-    """Paper 2.2: an Input-Norm vector folds into the map it meets, so the folded model reproduces the
-    logits; where a Norm follows the map (PLACEMENTS' norm), folding is refused."""
+    """Paper 2.2: an Input-Norm vector folds into the map it meets, so the folded model reproduces
+    the logits; where a Norm follows the map (PLACEMENTS' norm), folding is refused."""
     idx = tokens()
     for label, kw in models(reparam, placement):
         model = make(**{**kw, "qk_norm": False, "post_norm": False})
@@ -103,7 +107,8 @@ def check_folding(reparam, placement):
             continue
         randomize_scale_vectors(model)
         logits = model(idx)[0]
-        assert not torch.allclose(logits, make(**kw)(idx)[0], atol=1e-3), f"{label}: vectors unmoved"
+        assert not torch.allclose(logits, make(**kw)(idx)[0], atol=1e-3), (
+            f"{label}: vectors unmoved")
         plain = model.fold_scale_vectors()
         assert not vectors(plain), label
         assert torch.allclose(plain(idx)[0], logits, atol=2e-5, rtol=1e-4), \
@@ -142,8 +147,8 @@ def check_kernels_on_and_off_agree(reparam, placement):
 
 
 def check_export_refuses_exactly_what_cannot_fold(placement):
-    """export_hf refuses a placement by its entry (a Norm follows the map), in one sentence naming it;
-    it takes every placement that folds."""
+    """export_hf refuses a placement by its entry (a Norm follows the map), in one sentence naming
+    it; it takes every placement that folds."""
     cfg = GPTConfig(**TINY, sv_placement=placement)
     if model_py.PLACEMENTS[placement].norm:
         with pytest.raises(export_hf.ExportError) as e:
@@ -155,7 +160,7 @@ def check_export_refuses_exactly_what_cannot_fold(placement):
         export_hf.check_exportable(cfg)
 
 
-# ---- the tables drive the tests --------------------------------------------------------------------
+# ---- the tables drive the tests -----------------------------------------------------------------
 
 ids = lambda e: "-".join(e) if isinstance(e, tuple) else e
 
@@ -210,7 +215,7 @@ def test_a_copy_of_a_placement_under_a_new_name_is_treated_as_the_original(monke
     check_folding("none", "copy")
 
 
-# ---- the README checklist, followed mechanically ---------------------------------------------------
+# ---- the README checklist, followed mechanically ------------------------------------------------
 
 def softplus_g(sv):
     """g = softplus(a) / softplus(0): 1 at a = 0."""
@@ -218,10 +223,12 @@ def softplus_g(sv):
 
 
 def test_the_readme_checklist_on_toy_entries(monkeypatch):
-    """README "Adding a scale-vector variant": one entry per table, registered at runtime (steps 1-2),
-    gets every generic check with no other edit: a reparameterization "sp", a placement "dp2" (a copy
-    of DP's entry), a decay policy "to1" that pulls every vector toward 1."""
-    monkeypatch.setitem(model_py.REPARAMS, "sp", model_py.Reparam(params=dict(a=("vector", 0.0)), g=softplus_g))
+    """README "Adding a scale-vector variant": one entry per table, registered at runtime
+    (steps 1-2), gets every generic check with no other edit: a reparameterization "sp", a
+    placement "dp2" (a copy of DP's entry), a decay policy "to1" that pulls every vector toward
+    1."""
+    monkeypatch.setitem(model_py.REPARAMS, "sp",
+                        model_py.Reparam(params=dict(a=("vector", 0.0)), g=softplus_g))
     monkeypatch.setitem(model_py.PLACEMENTS, "dp2", model_py.PLACEMENTS["dp"])
     monkeypatch.setitem(model_py.DECAY_POLICIES, "to1",
                         model_py.DecayPolicy(decays=("sv_input", "sv_output"), toward=1.0))
@@ -263,11 +270,12 @@ def check_pull_toward(policy):
         assert p.grad is None, "optimizer_step ends with zero_grad"
 
 
-# ---- one list of named variants: configs and grids are checked against model.VARIANTS ---------------
+# ---- one list of named variants: configs and grids are checked against model.VARIANTS -----------
 
-FLAGS = ("scale_vectors", "sv_hetero", "sv_placement", "sv_reparam", "sv_dnp_width", "qk_norm", "post_norm",
-         "sv_weight_decay")
-DEFAULTS = {**{f.name: f.default for f in fields(GPTConfig) if f.name in FLAGS}, "sv_weight_decay": "none"}
+FLAGS = ("scale_vectors", "sv_hetero", "sv_placement", "sv_reparam", "sv_dnp_width", "qk_norm",
+         "post_norm", "sv_weight_decay")
+DEFAULTS = {**{f.name: f.default for f in fields(GPTConfig) if f.name in FLAGS},
+            "sv_weight_decay": "none"}
 
 
 def variant_of(name):
@@ -317,6 +325,8 @@ def test_a_grid_row_runs_the_flags_of_its_name():
     for grid, rows in reproduce.GRIDS.items():
         for v in rows():
             name = variant_of(v.name)
-            assert name is not None, f"grid {grid}: row {v.name!r} is named after no model.VARIANTS entry"
+            assert name is not None, (
+                f"grid {grid}: row {v.name!r} is named after no model.VARIANTS entry")
             assert resolved_flags(v.config, v.overrides) == expected_flags(name), \
-                f"grid {grid}: row {v.name!r} ({v.config} {' '.join(v.overrides)}) is not model.VARIANTS[{name!r}]"
+                f"grid {grid}: row {v.name!r} ({v.config} {' '.join(v.overrides)}) " \
+                f"is not model.VARIANTS[{name!r}]"
