@@ -1,17 +1,21 @@
-"""
+r"""
 Speed and memory of a training step, for a config of train.py; side by side for several.
 
-    python bench.py config/shakespeare_char.py                      # ms/step, tokens/s, MFU, peak memory
+    python bench.py config/shakespeare_char.py   # ms/step, tokens/s, MFU, peak memory
     python bench.py config/shakespeare_char.py --dtype=bfloat16 --compile=True
-    python bench.py config/baseline_124m.py --batch_size=1 --device=cpu --compare=config/unified_124m.py,config/noscale_124m.py
-    python bench.py config/shakespeare_char.py --compare=gpt2       # against a GPT-2 (nanoGPT) block of the same sizes
-    python bench.py config/shakespeare_char.py --compare=dtype=bfloat16,compile=True   # overrides joined by +
-    python bench.py config/baseline_124m.py --device=cpu --compare=config/unified_124m.py --interleave=True
+    python bench.py config/baseline_124m.py --batch_size=1 --device=cpu \
+        --compare=config/unified_124m.py,config/noscale_124m.py
+    # against a GPT-2 (nanoGPT) block of the same sizes
+    python bench.py config/shakespeare_char.py --compare=gpt2
+    # overrides joined by +
+    python bench.py config/shakespeare_char.py --compare=dtype=bfloat16,compile=True
+    python bench.py config/baseline_124m.py --device=cpu --compare=config/unified_124m.py \
+        --interleave=True
 
 A step is forward, backward, gradient clipping and an AdamW step on random tokens (no data
 needed); AdamW is fused where train.py fuses it (CUDA, CPU), and for the gpt2 reference where
-nanoGPT does (CUDA). With --compare, every configuration runs in its own fresh process (so peak memory
-is its own), `rounds` times in alternation, and the table gives medians and their ratios to
+nanoGPT does (CUDA). With --compare, every configuration runs in its own fresh process (so peak
+memory is its own), `rounds` times in alternation, and the table gives medians and their ratios to
 the first configuration: these machines are noisy, so compare within one run. --interleave=True
 runs them all in one process instead, one step of each in turn: the steadiest time ratio, no memory.
 Its keys are train.py's config keys (and a few of its own, below); a train.py key it does not use
@@ -42,17 +46,25 @@ from train_defaults import DEFAULTS
 # train.py's keys (train_defaults.py, so any config file of train.py is one here too), the
 # vocabulary's size (used without a prepared dataset: --vocab_size), and bench.py's own
 defaults = {**DEFAULTS, "vocab_size": GPTConfig.vocab_size,
-            "steps": 20, "warmup": 5,       # measured steps, and unmeasured ones before them (compile, caches)
-            "compare": "",                  # comma-separated: config files, "gpt2", or key=value[+key=value]
-            "rounds": 3,                    # alternations of the compared configurations
-            "interleave": False,            # --compare in one process, one step of each in turn (time only)
-            "arch": "llama",                # "gpt2": a GPT-2 (nanoGPT) model of the same sizes instead of ours
-            "json": False}                  # print one JSON line (what --compare reads from its children)
+            # measured steps, and unmeasured ones before them (compile, caches)
+            "steps": 20, "warmup": 5,
+            # comma-separated: config files, "gpt2", or key=value[+key=value]
+            "compare": "",
+            # alternations of the compared configurations
+            "rounds": 3,
+            # --compare in one process, one step of each in turn (time only)
+            "interleave": False,
+            # "gpt2": a GPT-2 (nanoGPT) model of the same sizes instead of ours
+            "arch": "llama",
+            # print one JSON line (what --compare reads from its children)
+            "json": False}
 
 
-# train.py keys that a benchmark step uses; it times one micro-step of fused AdamW on random tokens, so the
-# others (optimizer, gradient_accumulation_steps, learning rate, schedule...) would be silently ignored
-HONOURED = {f.name for f in fields(GPTConfig)} | {"batch_size", "device", "dtype", "compile", "dataset", "mfu_peak_flops"}
+# train.py keys that a benchmark step uses; it times one micro-step of fused AdamW on random tokens,
+# so the others (optimizer, gradient_accumulation_steps, learning rate, schedule...) would be
+# silently ignored
+HONOURED = {f.name for f in fields(GPTConfig)} | {"batch_size", "device", "dtype", "compile",
+                                                  "dataset", "mfu_peak_flops"}
 
 
 # the values a benchmark accepts: train.py's rules for the keys it uses, and its own
@@ -62,13 +74,14 @@ BENCH_RULES = {**{k: v for k, v in TRAIN_RULES.items() if k in HONOURED},
 
 
 def refuse_ignored(argv):
-    """A --key=value of train.py that bench.py does not use is an error (in a config file it is expected)."""
+    """A --key=value of train.py that bench.py does not use is an error (in a config file it is
+    expected)."""
     train_keys = set(DEFAULTS) - HONOURED
     for arg in argv:
         key, _, value = arg[2:].partition("=")
         if arg.startswith("--") and key in train_keys and value != str(defaults[key]):
-            raise ConfigError(f"bench.py does not use --{key} (it times one micro-step of AdamW on random tokens): "
-                              "drop it, or measure a real run with train.py")
+            raise ConfigError(f"bench.py does not use --{key} (it times one micro-step of AdamW "
+                              "on random tokens): drop it, or measure a real run with train.py")
 
 
 class GPT2Block(nn.Module):
@@ -76,21 +89,25 @@ class GPT2Block(nn.Module):
 
     def __init__(self, d, n_head):
         super().__init__()
-        self.n_head, self.ln1, self.ln2 = n_head, nn.LayerNorm(d, bias=False), nn.LayerNorm(d, bias=False)
+        self.n_head, self.ln1, self.ln2 = (n_head, nn.LayerNorm(d, bias=False),
+                                           nn.LayerNorm(d, bias=False))
         self.qkv, self.proj = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d, bias=False)
         self.fc, self.down = nn.Linear(d, 4 * d, bias=False), nn.Linear(4 * d, d, bias=False)
 
     def forward(self, x):
         B, T, C = x.shape
-        q, k, v = (t.view(B, T, self.n_head, -1).transpose(1, 2) for t in self.qkv(self.ln1(x)).split(C, dim=2))
-        x = x + self.proj(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C))
+        q, k, v = (t.view(B, T, self.n_head, -1).transpose(1, 2)
+                   for t in self.qkv(self.ln1(x)).split(C, dim=2))
+        x = x + self.proj(F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                          .transpose(1, 2).reshape(B, T, C))
         return x + self.down(F.gelu(self.fc(self.ln2(x))))
 
 
 class GPT2(nn.Module):
     def __init__(self, c):
         super().__init__()
-        self.wte, self.wpe = nn.Embedding(c.padded_vocab, c.n_embd), nn.Embedding(c.block_size, c.n_embd)
+        self.wte, self.wpe = (nn.Embedding(c.padded_vocab, c.n_embd),
+                              nn.Embedding(c.block_size, c.n_embd))
         self.blocks = nn.ModuleList(GPT2Block(c.n_embd, c.n_head) for _ in range(c.n_layer))
         self.ln_f = nn.LayerNorm(c.n_embd, bias=False)
 
@@ -133,7 +150,8 @@ def model_config(cfg, argv=()):
                           "model without data")
     else:
         vocab = cfg["vocab_size"]
-        if argv and "vocab_size" not in given:   # a config's own dataset, not prepared: say what is timed
+        # a config's own dataset, not prepared: say what is timed
+        if argv and "vocab_size" not in given:
             print(f"note: {meta_path} not found: timing vocab_size={vocab} (prepare the dataset, "
                   "or give --vocab_size)", file=sys.stderr)
     try:
@@ -157,7 +175,8 @@ def build(cfg):
     fused = device.startswith("cuda") or (device == "cpu" and cfg["arch"] != "gpt2")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
     step_model = torch.compile(model) if cfg["compile"] else model
-    autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
+    autocast = (torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
+                if dtype == "bfloat16" else nullcontext())
     B, T = cfg["batch_size"], cfg["block_size"]
     x, y = (torch.randint(0, vocab, (B, T), device=device) for _ in range(2))
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
@@ -190,32 +209,39 @@ def measure(cfg):
         times.append(time.perf_counter() - t0)
     ms = 1000 * statistics.median(times)
     tokens = info["tokens"]
-    peak = cfg["mfu_peak_flops"] or peak_flops(torch.device(device), torch.bfloat16 if dtype == "bfloat16" else torch.float32)
+    peak = cfg["mfu_peak_flops"] or peak_flops(
+        torch.device(device), torch.bfloat16 if dtype == "bfloat16" else torch.float32)
     flops = model.flops_per_token() * tokens
     peak_mem = torch.cuda.max_memory_allocated() if device.startswith("cuda") else \
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"ms": ms, "tokens_per_s": tokens / ms * 1000, "warmup_s": warmup_s, "peak_mem_mb": peak_mem / 2**20,
+    return {"ms": ms, "tokens_per_s": tokens / ms * 1000, "warmup_s": warmup_s,
+            "peak_mem_mb": peak_mem / 2**20,
             "mfu": flops / (ms / 1000) / peak if peak else None,
-            "params_m": sum(p.numel() for p in model.parameters()) / 1e6, "device": device, "dtype": dtype}
+            "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+            "device": device, "dtype": dtype}
 
 
 def compared_runs(argv, cfg):
     """{name: argv} for the base configuration and each one of --compare."""
     base_files = [a for a in argv if not a.startswith("--")]
-    overrides = [a for a in argv if a.startswith("--") and not a.startswith(("--compare=", "--json=", "--interleave="))]
+    overrides = [a for a in argv if a.startswith("--")
+                 and not a.startswith(("--compare=", "--json=", "--interleave="))]
     runs = {"base": [*base_files, *overrides]}
-    for item in cfg["compare"].split(","):   # a config file, "gpt2", or overrides: dtype=bfloat16+compile=True
-        extra = ["--arch=gpt2"] if item == "gpt2" else [f"--{kv}" for kv in item.split("+")] if "=" in item else [item]
+    # a config file, "gpt2", or overrides: dtype=bfloat16+compile=True
+    for item in cfg["compare"].split(","):
+        extra = (["--arch=gpt2"] if item == "gpt2"
+                 else [f"--{kv}" for kv in item.split("+")] if "=" in item else [item])
         runs[item] = [*base_files, *overrides, *extra]
     return runs
 
 
 def interleave(runs, cfg):
-    """Every configuration in this one process, one step of each in turn, `rounds` x `steps` times: all of
-    them see the same machine conditions, so this is the steadiest time ratio on a noisy machine. Memory, on
-    CUDA only: "step mem", the peak during a step of that configuration above what was allocated before it
-    (its activations, gradients and optimizer temporaries; all models' weights stay resident, so the process's
-    peak is not any one model's: compare() without --interleave gives that)."""
+    """Every configuration in this one process, one step of each in turn, `rounds` x `steps` times:
+    all of them see the same machine conditions, so this is the steadiest time ratio on a noisy
+    machine. Memory, on CUDA only: "step mem", the peak during a step of that configuration above
+    what was allocated before it (its activations, gradients and optimizer temporaries; all models'
+    weights stay resident, so the process's peak is not any one model's: compare() without
+    --interleave gives that)."""
     built = {name: build(configure(defaults, args, BENCH_RULES)) for name, args in runs.items()}
     for _, step, _ in built.values():
         for _ in range(cfg["warmup"]):
@@ -238,31 +264,38 @@ def interleave(runs, cfg):
     for name, (model, _, info) in built.items():
         ms = 1000 * statistics.median(times[name])
         c = configure(defaults, runs[name])
-        peak = c["mfu_peak_flops"] or peak_flops(torch.device(info["device"]),
-                                                 torch.bfloat16 if info["dtype"] == "bfloat16" else torch.float32)
-        mfu = f"{100 * model.flops_per_token() * info['tokens'] / (ms / 1000) / peak:.1f}%" if peak else "—"   # no known CPU peak
+        peak = c["mfu_peak_flops"] or peak_flops(
+            torch.device(info["device"]),
+            torch.bfloat16 if info["dtype"] == "bfloat16" else torch.float32)
+        mfu = (f"{100 * model.flops_per_token() * info['tokens'] / (ms / 1000) / peak:.1f}%"
+               if peak else "—")   # no known CPU peak
         mem = f"{step_mem[name] / 2**20:,.0f}" if info["device"].startswith("cuda") else "—"
-        print(f"| {name} | {sum(p.numel() for p in model.parameters()) / 1e6:.2f} | {ms:.1f} | {ms / base_ms:.3f} "
-              f"| {info['tokens'] / ms * 1000:,.0f} | {mfu} | {mem} |")
+        print(f"| {name} | {sum(p.numel() for p in model.parameters()) / 1e6:.2f} | {ms:.1f} "
+              f"| {ms / base_ms:.3f} | {info['tokens'] / ms * 1000:,.0f} | {mfu} | {mem} |")
 
 
 def compare(runs, cfg):
-    """Run the base configuration and each compared one in fresh processes, alternating, `rounds` times."""
+    """Run the base configuration and each compared one in fresh processes, alternating, `rounds`
+    times."""
     results = {name: [] for name in runs}
     for r in range(cfg["rounds"]):
         for name, args in runs.items():
-            p = subprocess.run([sys.executable, __file__, *args, "--json=True"], capture_output=True, text=True)
+            p = subprocess.run([sys.executable, __file__, *args, "--json=True"],
+                               capture_output=True, text=True)
             if p.returncode != 0:
                 sys.exit(f"error: {name} failed:\n{p.stderr.strip()[-2000:]}")
             results[name].append(json.loads(p.stdout.strip().splitlines()[-1]))
-            print(f"round {r + 1}/{cfg['rounds']}: {name}: {results[name][-1]['ms']:.1f} ms/step", file=sys.stderr)
+            print(f"round {r + 1}/{cfg['rounds']}: {name}: {results[name][-1]['ms']:.1f} ms/step",
+                  file=sys.stderr)
     base_ms = statistics.median(x["ms"] for x in results["base"])
     base_mem = statistics.median(x["peak_mem_mb"] for x in results["base"])
     print("| config | params (M) | ms/step | x base | tokens/s | peak mem (MB) | x base |")
     print("|---|---|---|---|---|---|---|")
     for name, xs in results.items():
-        ms, mem = statistics.median(x["ms"] for x in xs), statistics.median(x["peak_mem_mb"] for x in xs)
-        print(f"| {name} | {xs[0]['params_m']:.2f} | {ms:.1f} | {ms / base_ms:.3f} | {statistics.median(x['tokens_per_s'] for x in xs):,.0f} "
+        ms, mem = (statistics.median(x["ms"] for x in xs),
+                   statistics.median(x["peak_mem_mb"] for x in xs))
+        print(f"| {name} | {xs[0]['params_m']:.2f} | {ms:.1f} | {ms / base_ms:.3f} "
+              f"| {statistics.median(x['tokens_per_s'] for x in xs):,.0f} "
               f"| {mem:,.0f} | {mem / base_mem:.3f} |")
 
 
@@ -295,7 +328,9 @@ if __name__ == "__main__":
         if cfg["json"]:
             print(json.dumps(r))
         else:
-            print(f"{r['params_m']:.2f}M params on {r['device']} in {r['dtype']}: {r['ms']:.1f} ms/step (median of "
-                  f"{cfg['steps']}), {r['tokens_per_s']:,.0f} tokens/s, "
-                  + (f"MFU {100 * r['mfu']:.1f}%, " if r["mfu"] is not None else "MFU — (no known peak: --mfu_peak_flops), ")
+            print(f"{r['params_m']:.2f}M params on {r['device']} in {r['dtype']}: "
+                  f"{r['ms']:.1f} ms/step (median of {cfg['steps']}), "
+                  f"{r['tokens_per_s']:,.0f} tokens/s, "
+                  + (f"MFU {100 * r['mfu']:.1f}%, " if r["mfu"] is not None
+                     else "MFU — (no known peak: --mfu_peak_flops), ")
                   + f"peak memory {r['peak_mem_mb']:,.0f} MB; warmup {r['warmup_s']:.1f} s")

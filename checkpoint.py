@@ -19,10 +19,12 @@ import torch
 
 from model import GPT, GPTConfig
 
-# the keys train.py writes and the type of each: a file without them is not a checkpoint of this project
-REQUIRED_KEYS = {"model": dict, "optimizers": list, "model_args": dict, "config": dict, "iter_num": int,
-                 "best_val_loss": (int, float)}
-# the files train.py writes in out_dir; only these, and its own temporary files, are ever deleted or replaced
+# the keys train.py writes and the type of each: a file without them is not a checkpoint of this
+# project
+REQUIRED_KEYS = {"model": dict, "optimizers": list, "model_args": dict, "config": dict,
+                 "iter_num": int, "best_val_loss": (int, float)}
+# the files train.py writes in out_dir; only these, and its own temporary files, are ever deleted or
+# replaced
 TEMPORARY = re.compile(r"(ckpt_\d+\.pt|latest|metrics\.jsonl|lock)\.tmp(\d+)")
 
 
@@ -37,8 +39,8 @@ def step_of(path):
 
 
 def names_in(out_dir):
-    """The names in out_dir (none if it is not a folder): listed, never globbed, so that an out_dir named
-    `out/g[1]` or `out/x*` matches itself only, not out/g1 or out/xy."""
+    """The names in out_dir (none if it is not a folder): listed, never globbed, so that an out_dir
+    named `out/g[1]` or `out/x*` matches itself only, not out/g1 or out/xy."""
     try:
         return os.listdir(out_dir)
     except (FileNotFoundError, NotADirectoryError):
@@ -47,7 +49,8 @@ def names_in(out_dir):
 
 def checkpoints(out_dir):
     """The ckpt_<iter>.pt files of out_dir, oldest first by iteration (not by name)."""
-    return sorted((os.path.join(out_dir, n) for n in names_in(out_dir) if step_of(n) is not None), key=step_of)
+    return sorted((os.path.join(out_dir, n) for n in names_in(out_dir) if step_of(n) is not None),
+                  key=step_of)
 
 
 def latest_name(out_dir):
@@ -58,13 +61,17 @@ def latest_name(out_dir):
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError) as e:   # a folder, unreadable, binary
-        raise CheckpointError(f"{os.path.join(out_dir, 'latest')} cannot be read ({e.strerror if isinstance(e, OSError) else e}): "
-                              "it should be a one-line file naming a checkpoint; restore or remove it") from None
+        raise CheckpointError(f"{os.path.join(out_dir, 'latest')} cannot be read "
+                              f"({e.strerror if isinstance(e, OSError) else e}): "
+                              "it should be a one-line file naming a checkpoint; "
+                              "restore or remove it") from None
 
 
 def write_error(path, e, out_dir):
-    """One sentence for a failed write: the file, the errno (ENOSPC: the disk is full), what `latest` still names."""
-    while not isinstance(e, OSError) and e.__context__ is not None:   # torch.save wraps the OSError of a write
+    """One sentence for a failed write: the file, the errno (ENOSPC: the disk is full), what
+    `latest` still names."""
+    # torch.save wraps the OSError of a write
+    while not isinstance(e, OSError) and e.__context__ is not None:
         e = e.__context__
     if isinstance(e, OSError) and e.errno:
         why = ("the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else e.strerror) + \
@@ -75,8 +82,8 @@ def write_error(path, e, out_dir):
         still = latest_name(out_dir)
     except CheckpointError:
         still = None
-    return (f"cannot write {path}: {why}; `latest` still names {still or 'no checkpoint'}, which is complete: "
-            "free space and resume with --init_from=resume")
+    return (f"cannot write {path}: {why}; `latest` still names {still or 'no checkpoint'}, "
+            "which is complete: free space and resume with --init_from=resume")
 
 
 def _pid_alive(pid):
@@ -90,8 +97,8 @@ def _pid_alive(pid):
 
 
 def _remove_stale_tmps(out_dir):
-    """This module's temporary files left by a writer that died mid-save; a live writer's file (another
-    trainer) and any name this module does not write are left alone."""
+    """This module's temporary files left by a writer that died mid-save; a live writer's file
+    (another trainer) and any name this module does not write are left alone."""
     for name in names_in(out_dir):
         m = TEMPORARY.fullmatch(name)
         if m and (int(m.group(2)) == os.getpid() or not _pid_alive(int(m.group(2)))):
@@ -106,12 +113,14 @@ def _atomic_write(path, write):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        dir_fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)   # make the rename itself durable
+        # make the rename itself durable
+        dir_fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
         try:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
-    except (OSError, RuntimeError) as e:   # RuntimeError: torch.save's zip writer around the OSError
+    # RuntimeError: torch.save's zip writer around the OSError
+    except (OSError, RuntimeError) as e:
         raise CheckpointError(write_error(path, e, os.path.dirname(path))) from None
     finally:
         if os.path.exists(tmp):
@@ -119,14 +128,16 @@ def _atomic_write(path, write):
 
 
 def save(out_dir, state, iter_num, keep=3):
-    """Write state as out_dir/ckpt_<iter>.pt, point `latest` at it, keep the newest `keep`. Returns the path."""
+    """Write state as out_dir/ckpt_<iter>.pt, point `latest` at it, keep the newest `keep`. Returns
+    the path."""
     os.makedirs(out_dir, exist_ok=True)
     _remove_stale_tmps(out_dir)
     path = os.path.join(out_dir, f"ckpt_{iter_num:07d}.pt")
     _atomic_write(path, lambda f: torch.save(state, f))
-    _atomic_write(os.path.join(out_dir, "latest"), lambda f: f.write(os.path.basename(path).encode()))
-    # keep-last-K by iteration among this run's checkpoints (those up to iter_num); a later-numbered one
-    # (skipped by --resume_fallback) neither counts nor is deleted
+    _atomic_write(os.path.join(out_dir, "latest"),
+                  lambda f: f.write(os.path.basename(path).encode()))
+    # keep-last-K by iteration among this run's checkpoints (those up to iter_num); a later-numbered
+    # one (skipped by --resume_fallback) neither counts nor is deleted
     ours = [p for p in checkpoints(out_dir) if step_of(p) <= iter_num]
     for old in ours[:-max(keep, 1)]:
         os.remove(old)
@@ -134,9 +145,10 @@ def save(out_dir, state, iter_num, keep=3):
 
 
 def candidates(out_dir):
-    """Complete checkpoints in out_dir, newest first: the one `latest` names, then older ones. Without a
-    `latest` (removed by hand) every checkpoint is a candidate, newest first: each ckpt_<iter>.pt got its
-    name only once complete, so the run is still there and is resumed, never taken for an empty folder."""
+    """Complete checkpoints in out_dir, newest first: the one `latest` names, then older ones.
+    Without a `latest` (removed by hand) every checkpoint is a candidate, newest first: each
+    ckpt_<iter>.pt got its name only once complete, so the run is still there and is resumed, never
+    taken for an empty folder."""
     name = latest_name(out_dir)
     if name is None:
         return checkpoints(out_dir)[::-1]
@@ -148,22 +160,29 @@ def candidates(out_dir):
 def load(path):
     """torch.load with weights_only=True, and one clear error for every way a file can be bad."""
     if not os.path.isfile(path):
-        raise CheckpointError(f"checkpoint {path} does not exist" + (" (it is a folder)" if os.path.isdir(path) else ""))
+        raise CheckpointError(f"checkpoint {path} does not exist"
+                              + (" (it is a folder)" if os.path.isdir(path) else ""))
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:   # torch.load raises a dozen types for a bad file (EOFError, IndexError, KeyError, ...)
-        if "global" in str(e).lower() and "weights only" in str(e).lower():   # a pickle that would run code
-            raise CheckpointError(f"checkpoint {path} holds Python objects that weights_only loading refuses; "
-                                  "it was not written by train.py, or was tampered with") from None
+    # torch.load raises a dozen types for a bad file (EOFError, IndexError, KeyError, ...)
+    except Exception as e:
+        # a pickle that would run code
+        if "global" in str(e).lower() and "weights only" in str(e).lower():
+            raise CheckpointError(f"checkpoint {path} holds Python objects that weights_only "
+                                  "loading refuses; it was not written by train.py, or was "
+                                  "tampered with") from None
         state = None
     wrong = state_problem(state)
     if wrong:
-        raise CheckpointError(f"checkpoint {path} is corrupt or not a checkpoint of this project ({wrong}); "
-                              "resume from an older one with --resume_fallback=True") from None
-    bad = next((k for k, v in state["model"].items() if v.is_floating_point() and not v.isfinite().all()), None)
+        raise CheckpointError(f"checkpoint {path} is corrupt or not a checkpoint of this project "
+                              f"({wrong}); resume from an older one with "
+                              "--resume_fallback=True") from None
+    bad = next((k for k, v in state["model"].items()
+                if v.is_floating_point() and not v.isfinite().all()), None)
     if bad:   # a NaN checkpoint is never "the last good one", nor sampled from or exported
-        raise CheckpointError(f"checkpoint {path} holds non-finite weights ({bad}): the run had diverged; "
-                              "resume from an older one with --resume_fallback=True and a lower learning_rate")
+        raise CheckpointError(f"checkpoint {path} holds non-finite weights ({bad}): the run had "
+                              "diverged; resume from an older one with --resume_fallback=True and "
+                              "a lower learning_rate")
     return state
 
 
@@ -176,8 +195,10 @@ def state_problem(state):
             return f"no {key!r}"
         if not isinstance(state[key], kind) or isinstance(state[key], bool):
             return f"{key} is {type(state[key]).__name__} {str(state[key])[:40]!r}"
-    if state["iter_num"] < 0 or not all(isinstance(v, torch.Tensor) for v in state["model"].values()):
-        return "iter_num below 0" if state["iter_num"] < 0 else "model holds a value that is not a tensor"
+    if (state["iter_num"] < 0
+            or not all(isinstance(v, torch.Tensor) for v in state["model"].values())):
+        return ("iter_num below 0" if state["iter_num"] < 0
+                else "model holds a value that is not a tensor")
     return None
 
 
@@ -196,47 +217,58 @@ def load_latest(out_dir, fallback=False):
 
 
 def restore_model(model, state, path):
-    """Load a checkpoint's weights into `model`; weights of another shape (another config, or a version
-    of model.py that named or sized a parameter differently) are one CheckpointError, not a traceback."""
+    """Load a checkpoint's weights into `model`; weights of another shape (another config, or a
+    version of model.py that named or sized a parameter differently) are one CheckpointError, not a
+    traceback."""
     own = model.state_dict()
-    wrong = [f"missing {k}" for k in own if k not in state] + [f"unexpected {k}" for k in state if k not in own] + \
-            [f"{k} is {tuple(state[k].shape)}, not {tuple(own[k].shape)}" for k in own if k in state and state[k].shape != own[k].shape]
+    wrong = [f"missing {k}" for k in own if k not in state] + \
+            [f"unexpected {k}" for k in state if k not in own] + \
+            [f"{k} is {tuple(state[k].shape)}, not {tuple(own[k].shape)}"
+             for k in own if k in state and state[k].shape != own[k].shape]
     if wrong:
         shown = "; ".join(wrong[:3]) + (f"; and {len(wrong) - 3} more" if len(wrong) > 3 else "")
-        raise CheckpointError(f"checkpoint {path} does not fit this model ({shown}): it was written by another "
-                              "config or another version of model.py; use that code, or train into a new out_dir")
+        raise CheckpointError(f"checkpoint {path} does not fit this model ({shown}): it was "
+                              "written by another config or another version of model.py; use that "
+                              "code, or train into a new out_dir")
     model.load_state_dict(state)
 
 
 def optimizer_state(opt, names):
-    """opt.state_dict() with each parameter's state naming its parameter (`names`: parameter -> name), so that
-    a resume can tell that the state it restores belongs to the parameter it is restored onto."""
+    """opt.state_dict() with each parameter's state naming its parameter (`names`: parameter ->
+    name), so that a resume can tell that the state it restores belongs to the parameter it is
+    restored onto."""
     state = opt.state_dict()
     params = [p for group in opt.param_groups for p in group["params"]]
-    state["state"] = {i: {**entry, "param_name": names[params[i]]} for i, entry in state["state"].items()}
+    state["state"] = {i: {**entry, "param_name": names[params[i]]}
+                      for i, entry in state["state"].items()}
     return state
 
 
 def restore_optimizers(optimizers, saved, names, path):
-    """Load the saved optimizer states into `optimizers` after checking that each fits its parameters: same
-    groups and sizes, every state tensor of its parameter's shape, and (when recorded) its parameter's name.
-    A state of the wrong shape would otherwise crash the fused AdamW (invalid pointer), and a swapped one
-    of the same shape would resume silently with the wrong moments."""
-    wrong = f"{len(saved)} optimizer(s), not {len(optimizers)}" if len(saved) != len(optimizers) else None
+    """Load the saved optimizer states into `optimizers` after checking that each fits its
+    parameters: same groups and sizes, every state tensor of its parameter's shape, and (when
+    recorded) its parameter's name. A state of the wrong shape would otherwise crash the fused AdamW
+    (invalid pointer), and a swapped one of the same shape would resume silently with the wrong
+    moments."""
+    wrong = (f"{len(saved)} optimizer(s), not {len(optimizers)}" if len(saved) != len(optimizers)
+             else None)
     for opt, state in zip(optimizers, saved):
         if wrong:
             break
         try:
             wrong = _optimizer_problem(opt, state, names)
             if not wrong:
-                entries = {i: {k: v for k, v in e.items() if k != "param_name"} for i, e in state["state"].items()}
+                entries = {i: {k: v for k, v in e.items() if k != "param_name"}
+                           for i, e in state["state"].items()}
                 opt.load_state_dict({**state, "state": entries})
-        except (AttributeError, KeyError, TypeError, ValueError, RuntimeError) as e:   # a value of another type
+        # a value of another type
+        except (AttributeError, KeyError, TypeError, ValueError, RuntimeError) as e:
             wrong = f"{type(e).__name__}: {e}"
     if wrong:
-        raise CheckpointError(f"checkpoint {path} holds optimizer state that does not fit this model ({wrong}): it was "
-                              "edited or written by another version of the code; resume from an older checkpoint "
-                              "or train into a new out_dir")
+        raise CheckpointError(f"checkpoint {path} holds optimizer state that does not fit this "
+                              f"model ({wrong}): it was edited or written by another version of "
+                              "the code; resume from an older checkpoint or train into a new "
+                              "out_dir")
 
 
 def _optimizer_problem(opt, state, names):
@@ -244,7 +276,8 @@ def _optimizer_problem(opt, state, names):
     groups, entries = state["param_groups"], state["state"]
     if [len(g["params"]) for g in groups] != [len(g["params"]) for g in opt.param_groups]:
         return "other parameter groups"
-    owner = {i: p for saved_g, g in zip(groups, opt.param_groups) for i, p in zip(saved_g["params"], g["params"])}
+    owner = {i: p for saved_g, g in zip(groups, opt.param_groups)
+             for i, p in zip(saved_g["params"], g["params"])}
     for i, entry in entries.items():
         p = owner.get(i)
         if p is None:
@@ -258,39 +291,44 @@ def _optimizer_problem(opt, state, names):
 
 
 def load_model(out_dir):
-    """(path, state, model) for sample.py and export_hf.py: out_dir's newest checkpoint, its weights in a GPT
-    built from its own model_args; one CheckpointError for whatever does not fit."""
+    """(path, state, model) for sample.py and export_hf.py: out_dir's newest checkpoint, its weights
+    in a GPT built from its own model_args; one CheckpointError for whatever does not fit."""
     path, state = load_latest(out_dir)
     try:
         model = GPT(GPTConfig(**state["model_args"]))
     except Exception as e:   # model_args of another version of model.py, or of the wrong types
-        raise CheckpointError(f"checkpoint {path} was written by another version of model.py ({e})") from None
+        raise CheckpointError(f"checkpoint {path} was written by another version of model.py "
+                              f"({e})") from None
     restore_model(model, state["model"], path)
     return path, state, model
 
 
-# ---- the run folder ----------------------------------------------------------------------------------
+# ---- the run folder ------------------------------------------------------------------------------
 
 def check_out_dir(out_dir, init_from, overwrite):
-    """Read-only checks before a run writes anything: out_dir is a folder, and a scratch run does not
-    silently replace another run (its metrics and checkpoints) unless told to."""
+    """Read-only checks before a run writes anything: out_dir is a folder, and a scratch run does
+    not silently replace another run (its metrics and checkpoints) unless told to."""
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise CheckpointError(f"out_dir {out_dir} is a file, not a folder: pick another --out_dir")
     held = latest_name(out_dir) or next((os.path.basename(p) for p in candidates(out_dir)), None)
     if init_from == "scratch" and not overwrite and held is not None:
         raise CheckpointError(f"out_dir {out_dir} holds a run ({held}): continue it with "
-                              "--init_from=resume, pick another --out_dir, or replace it with --overwrite=True")
+                              "--init_from=resume, pick another --out_dir, or replace it with "
+                              "--overwrite=True")
 
 
-_lock_file = None   # held open for the life of the process: the kernel releases the lock when it dies
+# held open for the life of the process: the kernel releases the lock when it dies
+_lock_file = None
 
 
 def private_file(path):
-    """Make sure writing `path` writes into out_dir only: a symbolic link is refused (it points anywhere); a
-    file hard-linked with another (a run copied with `cp -al`) is first replaced by its own copy."""
+    """Make sure writing `path` writes into out_dir only: a symbolic link is refused (it points
+    anywhere); a file hard-linked with another (a run copied with `cp -al`) is first replaced by its
+    own copy."""
     if os.path.islink(path):
-        raise CheckpointError(f"{path} is a symbolic link (to {os.readlink(path)}), and train.py writes that file: "
-                              "remove the link (or replace it by a copy of its target) and run again")
+        raise CheckpointError(f"{path} is a symbolic link (to {os.readlink(path)}), and train.py "
+                              "writes that file: remove the link (or replace it by a copy of its "
+                              "target) and run again")
     try:
         if os.path.isfile(path) and os.stat(path).st_nlink > 1:
             with open(path, "rb") as f:
@@ -311,7 +349,8 @@ def open_append(path):
 
 
 def lock(out_dir):
-    """Take out_dir/lock; a second trainer on the same out_dir gets one sentence naming the holder's pid."""
+    """Take out_dir/lock; a second trainer on the same out_dir gets one sentence naming the holder's
+    pid."""
     global _lock_file
     os.makedirs(out_dir, exist_ok=True)
     private_file(os.path.join(out_dir, "lock"))
@@ -322,8 +361,8 @@ def lock(out_dir):
         f.seek(0)
         holder = f.read().strip() or "unknown"
         f.close()
-        raise CheckpointError(f"out_dir {out_dir} is in use by another trainer (pid {holder}): wait for it to "
-                              "end or stop it, or pick another --out_dir") from None
+        raise CheckpointError(f"out_dir {out_dir} is in use by another trainer (pid {holder}): "
+                              "wait for it to end or stop it, or pick another --out_dir") from None
     f.truncate(0)
     f.write(str(os.getpid()))
     f.flush()
@@ -331,14 +370,17 @@ def lock(out_dir):
 
 
 def clear_run(out_dir):
-    """Remove a previous run's checkpoints, `latest` and metrics (a scratch run with --overwrite=True)."""
-    for path in [*checkpoints(out_dir), os.path.join(out_dir, "latest"), os.path.join(out_dir, "metrics.jsonl")]:
+    """Remove a previous run's checkpoints, `latest` and metrics (a scratch run with
+    --overwrite=True)."""
+    for path in [*checkpoints(out_dir), os.path.join(out_dir, "latest"),
+                 os.path.join(out_dir, "metrics.jsonl")]:
         if os.path.exists(path):
             os.remove(path)
 
 
 def read_metrics(path):
-    """The records of a metrics.jsonl, and how many lines did not parse (a line torn by a full disk or a kill)."""
+    """The records of a metrics.jsonl, and how many lines did not parse (a line torn by a full disk
+    or a kill)."""
     records, torn = [], 0
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
@@ -350,8 +392,9 @@ def read_metrics(path):
 
 
 def trim_metrics(path, iter_num):
-    """On resume, drop what the interrupted run logged after its checkpoint, and any torn line, so that the
-    file reads as one run; rewrites the file (atomically) only when something is dropped."""
+    """On resume, drop what the interrupted run logged after its checkpoint, and any torn line, so
+    that the file reads as one run; rewrites the file (atomically) only when something is
+    dropped."""
     if not os.path.exists(path):
         return
     records, torn = read_metrics(path)

@@ -131,7 +131,8 @@ def above(lo):
 
 
 def fraction(hi_open=True):
-    return (lambda v: 0 <= v < 1 if hi_open else 0 <= v <= 1, "in [0, 1)" if hi_open else "in [0, 1]")
+    return (lambda v: 0 <= v < 1 if hi_open else 0 <= v <= 1,
+            "in [0, 1)" if hi_open else "in [0, 1]")
 
 
 def one_of(*values):
@@ -155,17 +156,23 @@ DATASET = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")   # one folder under data/:
 TRAIN_RULES = {
     "out_dir": (lambda v: v.strip() != "", "a folder name"),
     "init_from": one_of("scratch", "resume"),
-    "eval_interval": at_least(1), "eval_iters": at_least(1), "log_interval": at_least(1), "keep_checkpoints": at_least(1),
-    "dataset": (lambda v: DATASET.fullmatch(v) is not None, "one folder name under data/ (letters, digits, _ . -)"),
+    "eval_interval": at_least(1), "eval_iters": at_least(1),
+    "log_interval": at_least(1), "keep_checkpoints": at_least(1),
+    "dataset": (lambda v: DATASET.fullmatch(v) is not None,
+                "one folder name under data/ (letters, digits, _ . -)"),
     "batch_size": at_least(1), "gradient_accumulation_steps": at_least(1),
-    "block_size": at_least(1), "vocab_pad": at_least(1), "n_layer": at_least(1), "n_head": at_least(1), "n_embd": at_least(1),
+    "block_size": at_least(1), "vocab_pad": at_least(1),
+    "n_layer": at_least(1), "n_head": at_least(1), "n_embd": at_least(1),
     "optimizer": one_of("adamw", "muon"),
-    "learning_rate": above(0), "muon_lr": at_least(0), "muon_momentum": fraction(), "max_iters": at_least(0),
+    "learning_rate": above(0), "muon_lr": at_least(0), "muon_momentum": fraction(),
+    "max_iters": at_least(0),
     "weight_decay": at_least(0), "sv_weight_decay": one_of(*DECAY_POLICIES),
     "beta1": fraction(), "beta2": fraction(), "grad_clip": at_least(0),
-    "lr_schedule": one_of("cosine", "wsd", "constant"), "warmup_iters": at_least(0), "lr_decay_iters": at_least(0),
-    "min_lr": at_least(0), "wsd_decay_frac": fraction(hi_open=False), "wsd_shape": one_of("linear", "1-sqrt"),
-    "device": (lambda v: DEVICE.fullmatch(v) is not None, "'' (pick one), 'cpu', 'cuda', 'cuda:N' or 'mps'"),
+    "lr_schedule": one_of("cosine", "wsd", "constant"),
+    "warmup_iters": at_least(0), "lr_decay_iters": at_least(0), "min_lr": at_least(0),
+    "wsd_decay_frac": fraction(hi_open=False), "wsd_shape": one_of("linear", "1-sqrt"),
+    "device": (lambda v: DEVICE.fullmatch(v) is not None,
+               "'' (pick one), 'cpu', 'cuda', 'cuda:N' or 'mps'"),
     "dtype": one_of("", "float32", "bfloat16"), "mfu_peak_flops": at_least(0),
     "overwrite": boolean, "resume_fallback": boolean, "compile": boolean,
     "seed": (lambda v: 0 <= v < 2**63, "in [0, 2**63)"),   # numpy takes no negative seed
@@ -182,18 +189,24 @@ TRAIN_RULES = {
 }
 
 # sample.py's: temperature 0 is greedy decoding, top_k 0 keeps every token
-SAMPLE_RULES = {"out_dir": TRAIN_RULES["out_dir"], "num_samples": at_least(1), "max_new_tokens": at_least(1),
-                "temperature": at_least(0), "top_k": at_least(0), "device": TRAIN_RULES["device"]}
+SAMPLE_RULES = {"out_dir": TRAIN_RULES["out_dir"], "num_samples": at_least(1),
+                "max_new_tokens": at_least(1), "temperature": at_least(0), "top_k": at_least(0),
+                "device": TRAIN_RULES["device"]}
 
 
 def check_device(device):
-    """'' or a device this machine has, else ConfigError: --device=cuda on a machine without CUDA is one sentence."""
+    """'' or a device this machine has, else ConfigError: --device=cuda on a machine without CUDA is
+    one sentence."""
     if DEVICE.fullmatch(device) is None:
-        raise ConfigError(f"device={device!r} is out of range: it must be {TRAIN_RULES['device'][1]}")
+        raise ConfigError(f"device={device!r} is out of range: it must be "
+                          f"{TRAIN_RULES['device'][1]}")
     import torch
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device={device!r} but this machine has no CUDA device torch can use: use --device=cpu (or leave it empty)")
+        raise ConfigError(f"device={device!r} but this machine has no CUDA device torch can use: "
+                          "use --device=cpu (or leave it empty)")
     if device.startswith("cuda:") and int(device[5:]) >= torch.cuda.device_count():
-        raise ConfigError(f"device={device!r} but this machine has {torch.cuda.device_count()} CUDA device(s)")
+        raise ConfigError(f"device={device!r} but this machine has {torch.cuda.device_count()} "
+                          "CUDA device(s)")
     if device == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError("device='mps' but this machine has no MPS device torch can use: use --device=cpu (or leave it empty)")
+        raise ConfigError("device='mps' but this machine has no MPS device torch can use: "
+                          "use --device=cpu (or leave it empty)")

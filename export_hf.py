@@ -1,27 +1,33 @@
 """
-Export a trained model to Hugging Face format: a plain Llama, whatever scale-vector variant trained it.
+Export a trained model to Hugging Face format: a plain Llama, whatever scale-vector variant
+trained it.
 
     python export_hf.py --out_dir=out/<run> --to=hf/<name>
 
 Paper, section 2.2: an Input-Norm scale vector adds no expressivity, W (g * z) = (W diag(g)) z, so
-GPT.fold_scale_vectors() turns a model trained with HG, DP, OR or ER (or none) into an equivalent one with
-no scale vector at all. That model is a standard LlamaForCausalLM once three layout details match:
-  - RoPE: model.py rotates adjacent channel pairs (2i, 2i+1) of a head, Llama's rotate_half rotates the
-    halves (i, i + hd/2); reordering the rows of q and k in each head to [0, 2, 4, ..., 1, 3, 5, ...]
-    makes the two the same (q.k is unchanged when q and k are reordered alike);
-  - norms: Llama's RMSNorm is weight * x / sqrt(mean(x^2) + eps), so its weights are 1 (the vectors are
-    folded) and rms_norm_eps = norm_eps; a tied head keeps g_final in the final norm's weight instead,
-    since folding it into the head would untie it;
-  - vocabulary: the rows added by vocab_pad are dropped (vocab_size rows are written): no token id points
-    at them and model.py never returns their logits (its loss's softmax does include them: see --verify).
-qk_norm (g_q * Norm(q), g_k * Norm(k) per head, one vector shared by the heads, before RoPE) is exactly
-Qwen3's q_norm / k_norm, so such a model is written as a Qwen3ForCausalLM. DNP, post_norm and MoE are
-refused: a Norm, not a linear map, follows their vectors (or the FFN is not a Llama one).
+GPT.fold_scale_vectors() turns a model trained with HG, DP, OR or ER (or none) into an equivalent
+one with no scale vector at all. That model is a standard LlamaForCausalLM once three layout
+details match:
+  - RoPE: model.py rotates adjacent channel pairs (2i, 2i+1) of a head, Llama's rotate_half rotates
+    the halves (i, i + hd/2); reordering the rows of q and k in each head to
+    [0, 2, 4, ..., 1, 3, 5, ...] makes the two the same (q.k is unchanged when q and k are
+    reordered alike);
+  - norms: Llama's RMSNorm is weight * x / sqrt(mean(x^2) + eps), so its weights are 1 (the vectors
+    are folded) and rms_norm_eps = norm_eps; a tied head keeps g_final in the final norm's weight
+    instead, since folding it into the head would untie it;
+  - vocabulary: the rows added by vocab_pad are dropped (vocab_size rows are written): no token id
+    points at them and model.py never returns their logits (its loss's softmax does include them:
+    see --verify).
+qk_norm (g_q * Norm(q), g_k * Norm(k) per head, one vector shared by the heads, before RoPE) is
+exactly Qwen3's q_norm / k_norm, so such a model is written as a Qwen3ForCausalLM. DNP, post_norm
+and MoE are refused: a Norm, not a linear map, follows their vectors (or the FFN is not a Llama
+one).
 
 Writes config.json, model.safetensors (float32) and, for a run on GPT-2's BPE, the tokenizer files
 (vocab.json, merges.txt, built offline from data/raw/gpt2.tiktoken), so that
-AutoTokenizer.from_pretrained / AutoModelForCausalLM.from_pretrained load the folder with no network.
-Needs safetensors; with transformers installed, --verify compares the export's logits with the checkpoint's.
+AutoTokenizer.from_pretrained / AutoModelForCausalLM.from_pretrained load the folder with no
+network. Needs safetensors; with transformers installed, --verify compares the export's logits
+with the checkpoint's.
 """
 import errno
 import functools
@@ -39,22 +45,26 @@ from model import GPT, PLACEMENTS
 # gpt2_encoding checks the vendored file's sha256
 from tokens import EOT, TOKENIZERS, dataset_dir, gpt2_encoding, load_meta
 
-out_dir = "out"         # the run: its newest complete checkpoint is exported
-to = ""                 # the folder to write (replaced as a whole if it exists)
-verify = True           # load the export with transformers (if installed) and compare logits on a probe
+out_dir = "out"   # the run: its newest complete checkpoint is exported
+to = ""           # the folder to write (replaced as a whole if it exists)
+verify = True     # load the export with transformers (if installed) and compare logits on a probe
 
-# The one place that knows model.py's names. Keys: state_dict names of the *folded* GPT (per block after
-# "blocks.{i}."), values: the Hugging Face names of their equal row blocks (a fused weight is split).
+# The one place that knows model.py's names. Keys: state_dict names of the *folded* GPT (per block
+# after "blocks.{i}."), values: the Hugging Face names of their equal row blocks (a fused weight is
+# split).
 BLOCK_WEIGHTS = {
-    "attn.qkv.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+    "attn.qkv.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                        "self_attn.v_proj.weight"),
     "attn.proj.weight": ("self_attn.o_proj.weight",),
     "mlp.gate_up.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
     "mlp.down.weight": ("mlp.down_proj.weight",),
 }
-ROPE_ROWS = ("self_attn.q_proj.weight", "self_attn.k_proj.weight")   # rows reordered to Llama's RoPE layout
+# rows reordered to Llama's RoPE layout
+ROPE_ROWS = ("self_attn.q_proj.weight", "self_attn.k_proj.weight")
 EMBEDDING, HEAD = "wte.weight", "head.weight"
-FINAL_VECTOR = "g_final"                                             # GPT attribute: a ScaleVector or None
-QK_NORMS = {"attn.q_norm": "self_attn.q_norm.weight", "attn.k_norm": "self_attn.k_norm.weight"}   # OutputNorm modules
+FINAL_VECTOR = "g_final"   # GPT attribute: a ScaleVector or None
+# OutputNorm modules
+QK_NORMS = {"attn.q_norm": "self_attn.q_norm.weight", "attn.k_norm": "self_attn.k_norm.weight"}
 GPT2_VOCAB = 50257
 
 
@@ -63,46 +73,55 @@ class ExportError(ValueError):
 
 
 def check_exportable(cfg):
-    """Raise ExportError, one sentence naming the flag, if cfg is not a plain Llama (or Qwen3) once folded."""
-    why = "a Norm, not a linear map, follows its scale vectors, so they cannot fold and Llama has no such norm"
+    """Raise ExportError, one sentence naming the flag, if cfg is not a plain Llama (or Qwen3) once
+    folded."""
+    why = ("a Norm, not a linear map, follows its scale vectors, so they cannot fold and Llama has "
+           "no such norm")
     if cfg.scale_vectors and PLACEMENTS[cfg.sv_placement].norm:
-        raise ExportError(f"sv_placement={cfg.sv_placement!r} cannot be exported: {why} (a Norm follows W x)")
+        raise ExportError(f"sv_placement={cfg.sv_placement!r} cannot be exported: {why} "
+                          "(a Norm follows W x)")
     if cfg.post_norm:
-        raise ExportError(f"post_norm=True cannot be exported: {why} (it normalizes each branch's output)")
+        raise ExportError(f"post_norm=True cannot be exported: {why} "
+                          "(it normalizes each branch's output)")
     if cfg.n_experts:
-        raise ExportError(f"n_experts={cfg.n_experts} cannot be exported: the MoE FFN (router, expert bias, "
-                          "shared experts) is not a Llama MLP; export a dense model (n_experts=0)")
+        raise ExportError(f"n_experts={cfg.n_experts} cannot be exported: the MoE FFN (router, "
+                          "expert bias, shared experts) is not a Llama MLP; export a dense model "
+                          "(n_experts=0)")
 
 
 def rope_order(n_head, hd):
-    """Row order that turns model.py's RoPE layout (pairs 2i, 2i+1) into Llama's (pairs i, i + hd/2), per head."""
+    """Row order that turns model.py's RoPE layout (pairs 2i, 2i+1) into Llama's
+    (pairs i, i + hd/2), per head."""
     within = torch.cat((torch.arange(0, hd, 2), torch.arange(1, hd, 2)))
     return (torch.arange(n_head)[:, None] * hd + within).flatten()
 
 
 def _fold(model):
-    """model.fold_scale_vectors(), also for qk_norm: fold_scale_vectors refuses qk_norm as a whole because
-    its vectors cannot fold, but every other vector of such a model still folds; the q/k vectors become
-    Qwen3's q_norm / k_norm weights, so fold a copy of the model without them."""
+    """model.fold_scale_vectors(), also for qk_norm: fold_scale_vectors refuses qk_norm as a whole
+    because its vectors cannot fold, but every other vector of such a model still folds; the q/k
+    vectors become Qwen3's q_norm / k_norm weights, so fold a copy of the model without them."""
     cfg = model.config
     if not cfg.qk_norm:
         return model.fold_scale_vectors()
     twin = GPT(replace(cfg, qk_norm=False)).to(next(model.parameters()).device)
     own = twin.state_dict()
     state = {k: v for k, v in model.state_dict().items() if k in own}
-    twin.load_state_dict(state)   # strict: the twin holds exactly the model's weights but the q/k vectors
+    # strict: the twin holds exactly the model's weights but the q/k vectors
+    twin.load_state_dict(state)
     return twin.fold_scale_vectors()
 
 
 def _vector(module):
-    """The effective scale vector of an OutputNorm / ScaleVector holder, or None (scale_vectors=False)."""
+    """The effective scale vector of an OutputNorm / ScaleVector holder, or None
+    (scale_vectors=False)."""
     g = module.g if hasattr(module, "g") else module
     return None if g is None else g().reshape(-1)
 
 
 @torch.no_grad()
 def hf_export(model):
-    """(config dict, state dict) of the Hugging Face model equal to `model` (a GPT), float32, on the CPU."""
+    """(config dict, state dict) of the Hugging Face model equal to `model` (a GPT), float32, on the
+    CPU."""
     cfg = model.config
     check_exportable(cfg)
     plain = _fold(model).cpu().float()
@@ -113,32 +132,42 @@ def hf_export(model):
     state = {"model.embed_tokens.weight": folded[EMBEDDING][:V]}   # padded rows dropped
     for i in range(cfg.n_layer):
         for name, hf_names in BLOCK_WEIGHTS.items():
-            for hf_name, w in zip(hf_names, folded[f"blocks.{i}.{name}"].chunk(len(hf_names), dim=0)):
+            for hf_name, w in zip(hf_names,
+                                  folded[f"blocks.{i}.{name}"].chunk(len(hf_names), dim=0)):
                 state[f"model.layers.{i}.{hf_name}"] = w[order] if hf_name in ROPE_ROWS else w
-        state[f"model.layers.{i}.input_layernorm.weight"] = ones      # g_attn is folded into q, k, v
+        state[f"model.layers.{i}.input_layernorm.weight"] = ones   # g_attn is folded into q, k, v
         state[f"model.layers.{i}.post_attention_layernorm.weight"] = ones   # g_ffn into gate, up
-        if cfg.qk_norm:   # Qwen3: one head-sized vector shared by the heads, like model.py's; RoPE order too
+        # Qwen3: one head-sized vector shared by the heads, like model.py's; RoPE order too
+        if cfg.qk_norm:
             mods = dict(model.named_modules())
             for name, hf_name in QK_NORMS.items():
                 g = _vector(mods[f"blocks.{i}.{name}"])
-                state[f"model.layers.{i}.{hf_name}"] = (torch.ones(hd) if g is None else g.float().cpu())[order[:hd]]
+                state[f"model.layers.{i}.{hf_name}"] = (
+                    torch.ones(hd) if g is None else g.float().cpu())[order[:hd]]
     g_final = getattr(model, FINAL_VECTOR)
-    if cfg.tie_embeddings:   # keep the tie: g_final goes into the final norm's weight, not into the head
-        state["model.norm.weight"] = ones if g_final is None else g_final().reshape(-1).float().cpu()
-    else:                    # untied: the folded head already holds W_head diag(g_final)
+    if cfg.tie_embeddings:
+        # keep the tie: g_final goes into the final norm's weight, not into the head
+        state["model.norm.weight"] = (ones if g_final is None
+                                      else g_final().reshape(-1).float().cpu())
+    else:
+        # untied: the folded head already holds W_head diag(g_final)
         state["model.norm.weight"] = ones
         state["lm_head.weight"] = folded[HEAD][:V]
     state = {k: v.contiguous().clone() for k, v in state.items()}
     arch = "Qwen3" if cfg.qk_norm else "Llama"
     config = {
         "architectures": [f"{arch}ForCausalLM"], "model_type": arch.lower(),
-        "vocab_size": V, "hidden_size": d, "intermediate_size": cfg.hidden, "num_hidden_layers": cfg.n_layer,
+        "vocab_size": V, "hidden_size": d, "intermediate_size": cfg.hidden,
+        "num_hidden_layers": cfg.n_layer,
         "num_attention_heads": cfg.n_head, "num_key_value_heads": cfg.n_head, "head_dim": hd,
-        "hidden_act": "silu", "max_position_embeddings": cfg.block_size, "rms_norm_eps": cfg.norm_eps,
+        "hidden_act": "silu", "max_position_embeddings": cfg.block_size,
+        "rms_norm_eps": cfg.norm_eps,
         # transformers < 5 reads rope_theta, >= 5 rope_parameters
-        "rope_theta": cfg.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "rope_theta": cfg.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
         "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": False, "mlp_bias": False,
-        "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True, "torch_dtype": "float32",
+        "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True,
+        "torch_dtype": "float32",
     }
     if cfg.qk_norm:
         config.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.n_layer,
@@ -148,11 +177,13 @@ def hf_export(model):
     return config, state
 
 
-# ---- GPT-2 tokenizer files, from the vendored ranks -------------------------------------------------
+# ---- GPT-2 tokenizer files, from the vendored ranks ----------------------------------------------
 
 def _bytes_to_unicode():
-    """GPT-2's map from the 256 bytes to printable characters, in which vocab.json and merges.txt are written."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    """GPT-2's map from the 256 bytes to printable characters, in which vocab.json and merges.txt
+    are written."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
     cs, n = bs[:], 0
     for b in range(256):
         if b not in bs:
@@ -164,9 +195,10 @@ def _bytes_to_unicode():
 
 @functools.lru_cache
 def gpt2_vocab_merges():
-    """(vocab, merges) of GPT-2's BPE in the format of vocab.json / merges.txt. The ranks file holds only
-    the merged tokens, in merge order; the merge that made token t (rank r) is the pair of pieces that
-    byte-pair merging of t with the ranks below r stops at (as tiktoken's educational bpe does)."""
+    """(vocab, merges) of GPT-2's BPE in the format of vocab.json / merges.txt. The ranks file holds
+    only the merged tokens, in merge order; the merge that made token t (rank r) is the pair of
+    pieces that byte-pair merging of t with the ranks below r stops at (as tiktoken's educational
+    bpe does)."""
     enc = gpt2_encoding()
     ranks = {enc.decode_single_token_bytes(r): r for r in range(EOT)}
     show = _bytes_to_unicode()
@@ -175,13 +207,15 @@ def gpt2_vocab_merges():
     for token, rank in ranks.items():
         splits = [(token[:i], token[i:]) for i in range(1, len(token))
                   if ranks.get(token[:i], rank) < rank and ranks.get(token[i:], rank) < rank]
-        # one split into two earlier tokens: it is the merge; several: replay the merging to find which
+        # one split into two earlier tokens: it is the merge; several: replay the merging to
+        # find which
         parts = list(splits[0]) if len(splits) == 1 else [bytes([b]) for b in token]
         while len(parts) > 2:
             pairs = [(ranks.get(a + b, rank), j) for j, (a, b) in enumerate(zip(parts, parts[1:]))]
             best, j = min(pairs)
             if best >= rank:
-                raise ExportError(f"GPT-2 token {rank} cannot be built from earlier merges: data/raw/gpt2.tiktoken is not a BPE ranks file")
+                raise ExportError(f"GPT-2 token {rank} cannot be built from earlier merges: "
+                                  "data/raw/gpt2.tiktoken is not a BPE ranks file")
             parts[j:j + 2] = [parts[j] + parts[j + 1]]
         if len(parts) == 2:
             merges.append((rank, f"{text(parts[0])} {text(parts[1])}"))
@@ -198,41 +232,47 @@ def write_gpt2_tokenizer(folder, model_max_length):
         f.write("#version: 0.2\n" + "\n".join(merges) + "\n")
     eot = "<|endoftext|>"
     with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "GPT2Tokenizer", "bos_token": eot, "eos_token": eot, "unk_token": eot,
-                   "add_prefix_space": False, "add_bos_token": False, "model_max_length": model_max_length}, f, indent=2)
+        json.dump({"tokenizer_class": "GPT2Tokenizer", "bos_token": eot, "eos_token": eot,
+                   "unk_token": eot, "add_prefix_space": False, "add_bos_token": False,
+                   "model_max_length": model_max_length}, f, indent=2)
 
 
-# ---- the command ------------------------------------------------------------------------------------
+# ---- the command ---------------------------------------------------------------------------------
 
-EXPORT_FILES = {"model.safetensors", "config.json", "vocab.json", "merges.txt", "tokenizer_config.json"}
+EXPORT_FILES = {"model.safetensors", "config.json", "vocab.json", "merges.txt",
+                "tokenizer_config.json"}
 
 
 def check_target(folder):
-    """--to may name a new folder or an earlier export, which save() replaces whole; never anything else (a run's
-    out_dir, a home directory, a link to somewhere): ConfigError naming what is there."""
+    """--to may name a new folder or an earlier export, which save() replaces whole; never anything
+    else (a run's out_dir, a home directory, a link to somewhere): ConfigError naming what is
+    there."""
     if os.path.islink(folder):
-        raise ConfigError(f"--to={folder} is a symbolic link (to {os.readlink(folder)}), and an export replaces its "
-                          "folder whole: give the folder itself")
+        raise ConfigError(f"--to={folder} is a symbolic link (to {os.readlink(folder)}), and an "
+                          "export replaces its folder whole: give the folder itself")
     above = os.path.dirname(os.path.abspath(folder))
     while not os.path.exists(above):
         above = os.path.dirname(above)
     if not os.path.isdir(above):
-        raise ConfigError(f"--to={folder} is inside {above}, which is a file: give a folder for the export")
+        raise ConfigError(f"--to={folder} is inside {above}, which is a file: give a folder for "
+                          "the export")
     if not os.path.exists(folder):
         return
     if not os.path.isdir(folder):
         raise ConfigError(f"--to={folder} is a file: give a folder for the export")
     other = sorted(set(os.listdir(folder)) - EXPORT_FILES)
     if other:
-        raise ConfigError(f"--to={folder} exists and holds {len(other)} file(s) an export does not write (e.g. {other[0]}), "
-                          "and an export replaces its folder whole: give a new folder")
+        raise ConfigError(f"--to={folder} exists and holds {len(other)} file(s) an export does not "
+                          f"write (e.g. {other[0]}), and an export replaces its folder whole: give "
+                          "a new folder")
 
 
 def save(config, state, folder, tokenizer=None, block_size=1024):
-    """Write the export into `folder`, replacing it whole. The files go to a folder beside it that this writer
-    creates under a name no other has (tempfile.mkdtemp), then take `folder`'s name: an interrupted or failed
-    export leaves the previous one as it was, and nothing this call did not create is ever deleted (an
-    `<--to>.old` or `<--to>.tmp` beside it is someone's). ExportError, one sentence, for a failed write."""
+    """Write the export into `folder`, replacing it whole. The files go to a folder beside it that
+    this writer creates under a name no other has (tempfile.mkdtemp), then take `folder`'s name: an
+    interrupted or failed export leaves the previous one as it was, and nothing this call did not
+    create is ever deleted (an `<--to>.old` or `<--to>.tmp` beside it is someone's). ExportError,
+    one sentence, for a failed write."""
     from safetensors.torch import save_file
     folder = os.path.normpath(folder)
     parent = os.path.dirname(folder) or "."
@@ -251,20 +291,22 @@ def save(config, state, folder, tokenizer=None, block_size=1024):
               (e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}")
         if getattr(e, "errno", None) in (errno.ENOTEMPTY, errno.EEXIST):
             why = "another export wrote it at the same moment"
-        raise ExportError(f"cannot write the export to {folder} ({why}): what was there is as it was; "
-                          "fix that and export again") from None
+        raise ExportError(f"cannot write the export to {folder} ({why}): what was there is as it "
+                          "was; fix that and export again") from None
     finally:
         if tmp and os.path.isdir(tmp):
             _remove_export(tmp)
 
 
 def _swap_in(tmp, folder):
-    """Give `tmp` the name `folder`; an earlier export there is moved aside first (into an empty folder made for
-    it: rename replaces an empty folder) and its files removed. Fails, restoring the earlier export, if another
-    export took the name meanwhile (rename onto a folder that is not empty)."""
+    """Give `tmp` the name `folder`; an earlier export there is moved aside first (into an empty
+    folder made for it: rename replaces an empty folder) and its files removed. Fails, restoring the
+    earlier export, if another export took the name meanwhile (rename onto a folder that is not
+    empty)."""
     aside = None
     if os.path.isdir(folder):
-        aside = tempfile.mkdtemp(prefix=f".{os.path.basename(folder)}.previous-", dir=os.path.dirname(tmp))
+        aside = tempfile.mkdtemp(prefix=f".{os.path.basename(folder)}.previous-",
+                                 dir=os.path.dirname(tmp))
         os.replace(folder, aside)
     try:
         os.rename(tmp, folder)
@@ -282,7 +324,8 @@ def _swap_in(tmp, folder):
 
 
 def _remove_export(d):
-    """Remove a folder of export files that this module wrote, by their names only, then the folder if empty."""
+    """Remove a folder of export files that this module wrote, by their names only, then the folder
+    if empty."""
     for name in EXPORT_FILES:
         try:
             os.remove(os.path.join(d, name))
@@ -296,8 +339,9 @@ def _remove_export(d):
 
 @torch.no_grad()
 def compare(model, folder, n_tokens=64, seed=0):
-    """Load the export with transformers and return (max |logit difference|, loss difference) on a random
-    probe: the loss difference is what the dropped padded rows took of model.py's softmax (>= 0)."""
+    """Load the export with transformers and return (max |logit difference|, loss difference) on a
+    random probe: the loss difference is what the dropped padded rows took of model.py's softmax
+    (>= 0)."""
     from transformers import AutoModelForCausalLM
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     cfg = model.config
@@ -337,33 +381,41 @@ def main(argv):
     try:
         import safetensors  # noqa: F401
     except ImportError:
-        sys.exit("error: export_hf.py writes model.safetensors and needs safetensors: pip install safetensors")
+        sys.exit("error: export_hf.py writes model.safetensors and needs safetensors: "
+                 "pip install safetensors")
     tok = tokenizer_of(ckpt)
     if tok == "gpt2" and model.config.vocab_size != GPT2_VOCAB:
-        sys.exit(f"error: the run's data is GPT-2 BPE but the model has vocab_size={model.config.vocab_size}, not {GPT2_VOCAB}")
+        sys.exit("error: the run's data is GPT-2 BPE but the model has "
+                 f"vocab_size={model.config.vocab_size}, not {GPT2_VOCAB}")
     try:
         save(config, state, args["to"], tok, model.config.block_size)
     except ExportError as e:
         sys.exit(f"error: {e}")
     c = model.config
-    print(f"{path} (iteration {ckpt.get('iter_num')}) -> {args['to']}: {config['architectures'][0]}, "
+    print(f"{path} (iteration {ckpt.get('iter_num')}) -> {args['to']}: "
+          f"{config['architectures'][0]}, "
           f"{c.vocab_size} of {c.padded_vocab} vocabulary rows (the padding is dropped), "
-          f"head {'tied, g_final in model.norm.weight' if c.tie_embeddings else 'untied, g_final folded into lm_head'}")
+          "head " + ('tied, g_final in model.norm.weight' if c.tie_embeddings
+                     else 'untied, g_final folded into lm_head'))
     print({"gpt2": "tokenizer: GPT-2 BPE (vocab.json, merges.txt)",
-           "char": "tokenizer: none written (a char-level vocabulary; ids are meta.json's 'chars' indices)",
+           "char": "tokenizer: none written (a char-level vocabulary; ids are meta.json's "
+                   "'chars' indices)",
            "byte": "tokenizer: none written (byte-level: 0-255 are UTF-8 bytes, 256 ends text)",
-           None: f"tokenizer: none written (no data/{ckpt.get('config', {}).get('dataset')}/meta.json to tell which)"}.get(tok, f"tokenizer: none written ({tok!r})"))
+           None: f"tokenizer: none written (no data/{ckpt.get('config', {}).get('dataset')}"
+                 "/meta.json to tell which)"}.get(tok, f"tokenizer: none written ({tok!r})"))
     if args["verify"]:
         try:
             diff, pad = compare(model, args["to"])
         except ImportError:
-            print("verify: skipped (pip install transformers to compare the export's logits with the checkpoint's)")
+            print("verify: skipped (pip install transformers to compare the export's logits with "
+                  "the checkpoint's)")
         else:
             print(f"verify: max |logit difference| {diff:.2e} on a random probe (float32); "
                   f"the dropped padded rows held {pad:.2e} nats of model.py's loss there")
             if not diff <= 1e-3:   # NaN too
                 sys.exit(f"error: the export's logits differ from the checkpoint's by {diff:.2e}: "
-                         f"report this with your config; the export in {args['to']} is not equivalent")
+                         f"report this with your config; the export in {args['to']} is not "
+                         "equivalent")
 
 
 if __name__ == "__main__":

@@ -100,8 +100,9 @@ def write_summary(out, rows, header, more=()):
                      f"| {agree} | {said} | {r['claim']} | {word[r.get('direction_matches')]} |")
     lines += ["", "Paired diff: variant minus its baseline, seed by seed (a seed fixes the shared "
               "initialization and the batch order). 95% CI: mean +- t(0.975, n-1) std / sqrt(n); "
-              "the verdict is the interval's: lower or higher when it excludes 0, not resolved when "
-              "it covers 0. Agree: seeds whose difference has the claimed sign.", *(["", *more] if more else [])]
+              "the verdict is the interval's: lower or higher when it excludes 0, not resolved "
+              "when it covers 0. Agree: seeds whose difference has the claimed sign.",
+              *(["", *more] if more else [])]
     with open(os.path.join(out, "summary.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -219,8 +220,8 @@ def scaling_lines(rows):
              f"Each size trains at {', '.join(BUDGETS)} x its budget (1x: a fixed "
              f"{TPP_1X:.3f} tokens per non-embedding parameter; a complete schedule each); the "
              "baseline's loss is fitted as L(C) = E + A C^-alpha over those budgets (means over "
-             "the variant's seeds). Gap: the variant minus the baseline at the same budget, seed by "
-             "seed, with its 95% interval and verdict. Factor: the budget at which the fitted "
+             "the variant's seeds). Gap: the variant minus the baseline at the same budget, seed "
+             "by seed, with its 95% interval and verdict. Factor: the budget at which the fitted "
              "baseline reaches the variant's loss, over the budget the variant used (the paper: "
              "1.22-1.25x); beyond 2x it is extrapolated. Per-seed factors fit each seed's own "
              "curve. `gap_vs_length.png`: the gap against tokens per parameter, one line per "
@@ -385,9 +386,9 @@ def regime_rows(results):
 def regime_report(results):
     rows = regime_rows(results)
     lines = ["## Regimes: the gain against tokens per parameter", "",
-             "Unified minus the baseline at the same size and budget, seed by seed. Runs that would "
-             "read the training set more than --max_epochs times are not run (reproduce.py names "
-             "them).", "", "| size | tokens/param | iters | epochs | n | baseline loss "
+             "Unified minus the baseline at the same size and budget, seed by seed. Runs that "
+             "would read the training set more than --max_epochs times are not run (reproduce.py "
+             "names them).", "", "| size | tokens/param | iters | epochs | n | baseline loss "
              "| gap (mean ± std) | 95% CI | verdict |", "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['size']} | {r['tokens_per_param']:g} | {r['iters']} | {r['epochs']:.2f} "
               f"| {len(r['seeds'])} | {r['baseline_loss']:.4f} | {pm(r['mean'], r['std'], '+.4f')} "
@@ -396,9 +397,11 @@ def regime_report(results):
 
 
 # ---- the controls: what DNP's vector adds, and where weight decay acts --------------------------
-# (label, variant, its control, baseline): the variant's gain over the baseline, split at the control
-# that keeps DNP's Norm after the map and fixes g_out at 1 (sv_placement="dnp_novec", DESIGN.md)
-SPLITS = [("DNP", "dnp", "dnp_novec", "baseline"), ("unified", "unified", "unified_novec", "baseline")]
+# (label, variant, its control, baseline): the variant's gain over the baseline, split at the
+# control that keeps DNP's Norm after the map and fixes g_out at 1 (sv_placement="dnp_novec",
+# DESIGN.md)
+SPLITS = [("DNP", "dnp", "dnp_novec", "baseline"),
+          ("unified", "unified", "unified_novec", "baseline")]
 
 
 def part(diffs):
@@ -432,9 +435,11 @@ def default_report(results):
         return [], None
     lines = ["## DNP's gain, split into its Norm and its vector", "",
              "The control keeps DNP's Norm after the map and fixes `g_out` at 1 "
-             "(`sv_placement=\"dnp_novec\"`). Seed by seed: Norm part = control - baseline, vector "
-             "part = variant - control; they add up to the total. Each: mean ± std, 95% CI, verdict.",
-             "", "| variant | control | n | total | Norm part | vector part |", "|---|---|---|---|---|---|"]
+             "(`sv_placement=\"dnp_novec\"`). Seed by seed: Norm part = control - baseline, "
+             "vector part = variant - control; they add up to the total. Each: mean ± std, "
+             "95% CI, verdict.",
+             "", "| variant | control | n | total | Norm part | vector part |",
+             "|---|---|---|---|---|---|"]
     lines += [f"| {r['variant']} | {r['control']} | {len(r['seeds'])} | {cell(r['total'])} "
               f"| {cell(r['norm'])} | {cell(r['vector'])} |" for r in rows]
     return lines, {"splits": rows}
@@ -447,8 +452,8 @@ def vector_kind(name):
 
 
 def final_g(res):
-    """{"input": .., "output": ..}: the final mean of g over the run's vectors of each kind, averaged
-    over its seeds (None where it has none): how far weight decay pulled them."""
+    """{"input": .., "output": ..}: the final mean of g over the run's vectors of each kind,
+    averaged over its seeds (None where it has none): how far weight decay pulled them."""
     by = {"input": [], "output": []}
     for r in res.values():
         for name, curve in r.get("sv_means", {}).items():
@@ -473,9 +478,10 @@ def wd_report(results):
     rows = wd_rows(results)
     g = lambda x: "—" if x is None else f"{x:.3f}"
     lines = ["## Weight decay where it can act", "",
-             "Final mean of `g` over the Input-Norm vectors (they fold into a linear map; IWD decays "
-             "them) and the Output-Norm ones (qk_norm, post_norm, DNP's `g_out`), variant / vs, "
-             "averaged over seeds. A plain vector starts at 1. The 0.1 rows are the default grid's.",
+             "Final mean of `g` over the Input-Norm vectors (they fold into a linear map; IWD "
+             "decays them) and the Output-Norm ones (qk_norm, post_norm, DNP's `g_out`), "
+             "variant / vs, averaged over seeds. A plain vector starts at 1. The 0.1 rows are the "
+             "default grid's.",
              "", "| weight decay | variant | vs | n | diff (mean ± std) | 95% CI | verdict "
              "| g, Input-Norm | g, Output-Norm |", "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['weight_decay']} | {r['variant']} | {r['baseline']} | {len(r['seeds'])} "

@@ -1,10 +1,12 @@
-"""
+r"""
 Sample from a trained model: the newest complete checkpoint of out_dir.
 
-    python sample.py --out_dir=out/shakespeare_char --start="ROMEO:" --num_samples=2 --max_new_tokens=300
+    python sample.py --out_dir=out/shakespeare_char --start="ROMEO:" --num_samples=2 \
+        --max_new_tokens=300
     python sample.py --out_dir=out/shakespeare_char --start=FILE:prompt.txt
 
-Config files given as arguments are Python and are executed, as in train.py: run only those you trust.
+Config files given as arguments are Python and are executed, as in train.py: run only those you
+trust.
 """
 import sys
 
@@ -25,7 +27,9 @@ seed = 1337
 device = ""             # "" picks cuda, then mps, then cpu
 
 try:
-    globals().update(configure({k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, str))}, sys.argv[1:], SAMPLE_RULES))
+    globals().update(configure({k: v for k, v in globals().items()
+                                if not k.startswith("_") and isinstance(v, (int, float, str))},
+                               sys.argv[1:], SAMPLE_RULES))
     check_device(device)
 except ConfigError as e:
     sys.exit(f"error: {e}")
@@ -36,16 +40,20 @@ try:
 except checkpoint.CheckpointError as e:
     sys.exit(f"error: {e}")
 model.eval().to(device)
-# the vocabulary the run recorded; a checkpoint from before that record: its dataset's meta.json, if it still fits
+# the vocabulary the run recorded; a checkpoint from before that record: its dataset's meta.json, if
+# it still fits
 meta, source = ckpt.get("vocab"), f"{path}'s vocabulary"
 if meta is None:
     meta = load_meta(dataset_dir(str(ckpt["config"].get("dataset"))))
     source = f"data/{ckpt['config'].get('dataset')}/meta.json"
 elif not isinstance(meta, dict) or {"tokenizer", "vocab_size"} - meta.keys() or meta_problem(meta):
-    sys.exit(f"error: {path} records a vocabulary that is not one (corrupt or edited): sample from another checkpoint")
-if meta["vocab_size"] != ckpt["model_args"].get("vocab_size"):   # prepared again: another tokenizer or text
-    sys.exit(f"error: {path} was trained on a vocabulary of {ckpt['model_args'].get('vocab_size')} tokens, but "
-             f"{source} has {meta['vocab_size']}: prepare that dataset as it was for this checkpoint")
+    sys.exit(f"error: {path} records a vocabulary that is not one (corrupt or edited): "
+             "sample from another checkpoint")
+# prepared again: another tokenizer or text
+if meta["vocab_size"] != ckpt["model_args"].get("vocab_size"):
+    sys.exit(f"error: {path} was trained on a vocabulary of {ckpt['model_args'].get('vocab_size')} "
+             f"tokens, but {source} has {meta['vocab_size']}: prepare that dataset as it was for "
+             "this checkpoint")
 encode, decode = get_tokenizer(meta)
 
 if start.startswith("FILE:"):
@@ -54,7 +62,8 @@ if start.startswith("FILE:"):
             start = f.read()
     except (OSError, UnicodeDecodeError) as e:
         sys.exit(f"error: cannot read the prompt file {start[5:]!r} "
-                 f"({e.strerror if isinstance(e, OSError) else 'not UTF-8 text'}): give a UTF-8 text file")
+                 f"({e.strerror if isinstance(e, OSError) else 'not UTF-8 text'}): "
+                 "give a UTF-8 text file")
 try:
     ids = encode(start)
 except ValueError as e:   # a character outside a char-level vocabulary

@@ -27,38 +27,48 @@ KNOWN = "'char', 'gpt2' or 'byte'"
 
 
 def dataset_dir(name):
-    """The folder of dataset `name`: data/<name> under the working directory (the one rule of every tool)."""
+    """The folder of dataset `name`: data/<name> under the working directory (the one rule of every
+    tool)."""
     return Path("data") / name
 
 
 @functools.lru_cache
 def gpt2_encoding(path=GPT2_RANKS, sha256=GPT2_RANKS_SHA256):
-    """GPT-2's BPE built from the vendored ranks file: tiktoken.get_encoding("gpt2") would download it."""
+    """GPT-2's BPE built from the vendored ranks file: tiktoken.get_encoding("gpt2") would download
+    it."""
     path = Path(path)
     if not path.is_file():
         raise SystemExit(f"error: GPT-2 vocabulary file {path} is missing: restore it from git.")
     data = path.read_bytes()
     if hashlib.sha256(data).hexdigest() != sha256:
-        raise SystemExit(f"error: GPT-2 vocabulary file {path} has the wrong sha256 (damaged or not GPT-2's ranks): restore it from git.")
+        raise SystemExit(f"error: GPT-2 vocabulary file {path} has the wrong sha256 (damaged or "
+                         "not GPT-2's ranks): restore it from git.")
     # parsed here, not by tiktoken.load.load_tiktoken_bpe: that one keeps a copy in /tmp keyed by
     # the path and serves it even after the file itself is gone or changed
-    ranks = {base64.b64decode(tok): int(rank) for tok, rank in (line.split() for line in data.splitlines() if line)}
-    return tiktoken.Encoding(name="gpt2", pat_str=GPT2_PAT, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": EOT})
+    ranks = {base64.b64decode(tok): int(rank)
+             for tok, rank in (line.split() for line in data.splitlines() if line)}
+    return tiktoken.Encoding(name="gpt2", pat_str=GPT2_PAT, mergeable_ranks=ranks,
+                             special_tokens={"<|endoftext|>": EOT})
 
 
 def load_meta(data_dir):
-    """data_dir/meta.json, its values checked: a bad one is one sentence naming the file (SystemExit)."""
+    """data_dir/meta.json, its values checked: a bad one is one sentence naming the file
+    (SystemExit)."""
     path = Path(data_dir) / "meta.json"
     if not path.is_file():
         name = Path(data_dir).name
-        cmd = name if name in ("shakespeare_char", "shakespeare", "fineweb_edu") else f"text --input FILE --name {name}"
-        raise SystemExit(f"error: no prepared data in {data_dir} (meta.json missing; data/ is looked up in the working "
-                         f"directory, {Path.cwd()}): run `python prepare_data.py {cmd}` there first")
+        cmd = (name if name in ("shakespeare_char", "shakespeare", "fineweb_edu")
+               else f"text --input FILE --name {name}")
+        raise SystemExit(f"error: no prepared data in {data_dir} (meta.json missing; data/ is "
+                         f"looked up in the working directory, {Path.cwd()}): run "
+                         f"`python prepare_data.py {cmd}` there first")
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, UnicodeDecodeError) as e:   # JSONDecodeError is a ValueError
-        raise SystemExit(f"error: {path} is not valid JSON ({e}): prepare the dataset again") from None
-    missing = [k for k in ("tokenizer", "vocab_size") if not isinstance(meta, dict) or k not in meta]
+        raise SystemExit(f"error: {path} is not valid JSON ({e}): "
+                         "prepare the dataset again") from None
+    missing = [k for k in ("tokenizer", "vocab_size")
+               if not isinstance(meta, dict) or k not in meta]
     if missing:
         raise SystemExit(f"error: {path} lacks {', '.join(missing)}: prepare the dataset again")
     wrong = meta_problem(meta)
@@ -79,15 +89,17 @@ def meta_problem(meta):
     if tokenizer == "byte" and vocab_size != BYTE_VOCAB:
         return f"has vocab_size={vocab_size} for the byte tokenizer, which has {BYTE_VOCAB}"
     chars = meta.get("chars")
-    if tokenizer == "char" and not (isinstance(chars, str) and len(chars) == vocab_size == len(set(chars))):
+    if tokenizer == "char" and not (isinstance(chars, str)
+                                    and len(chars) == vocab_size == len(set(chars))):
         return (f"has no 'chars' string of vocab_size={vocab_size} distinct characters (chars: "
                 f"{type(chars).__name__}{f' of {len(chars)}' if isinstance(chars, str) else ''})")
     return None
 
 
 def vocabulary(meta):
-    """What a run's token ids mean: recorded in its checkpoints, so that a resume on other data is refused and
-    sample.py and export_hf.py decode with the run's own vocabulary, not whatever meta.json holds later."""
+    """What a run's token ids mean: recorded in its checkpoints, so that a resume on other data is
+    refused and sample.py and export_hf.py decode with the run's own vocabulary, not whatever
+    meta.json holds later."""
     return {"tokenizer": meta["tokenizer"], "vocab_size": meta["vocab_size"],
             **({"chars": meta["chars"]} if meta["tokenizer"] == "char" else {})}
 
@@ -112,7 +124,8 @@ def get_tokenizer(meta):
             try:
                 return [stoi[c] for c in s]
             except KeyError as e:
-                raise ValueError(f"character {e.args[0]!r} is not in this char-level vocabulary") from None
+                raise ValueError(f"character {e.args[0]!r} is not in this char-level "
+                                 "vocabulary") from None
         return encode, lambda ids: "".join(chars[i] for i in ids)
     raise SystemExit(f"error: unknown tokenizer {meta['tokenizer']!r} in meta.json "
                      f"(expected {KNOWN})")

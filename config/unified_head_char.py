@@ -1,5 +1,6 @@
-# The unified strategy, HG + DNP + OR + IWD (paper 4), with DNP's g_out head-sized (DESIGN.md, "sv_dnp_width"): one head_dim
-# vector per branch q, k, v shared by the heads, one scalar per branch gate, up.
+# The unified strategy, HG + DNP + OR + IWD (paper 4), with DNP's g_out head-sized (DESIGN.md,
+# "sv_dnp_width"): one head_dim vector per branch q, k, v shared by the heads, one scalar per branch
+# gate, up.
 #   python train.py config/unified_head_char.py
 from config.shakespeare_char import *  # noqa: F401,F403
 
