@@ -1,6 +1,7 @@
-"""kernels.py's hand-written backward passes (_Norm, _ScaledNorm, _SwiGLU, _CrossEntropy): the same values and
-gradients as model.py's plain definitions, exact gradients in float64, bf16 accuracy against a float64 reference,
-the activation memory DNP saves for backward, and training with kernels=False matching kernels=True."""
+"""kernels.py's hand-written backward passes (_Norm, _ScaledNorm, _SwiGLU, _CrossEntropy): the
+same values and gradients as model.py's plain definitions, exact gradients in float64, bf16
+accuracy against a float64 reference, the activation memory DNP saves for backward, and training
+with kernels=False matching kernels=True."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -21,13 +22,20 @@ def rand(*shape, seed=0, dtype=torch.float64):
 OPS = {
     "norm": (lambda x, fast: model.norm(x, 1e-6, fast), lambda: (rand(3, 4, 16),)),
     "scaled_norm (DNP)": (lambda y, g, fast: model.scaled_norm(y, g, 1e-6, fast),
-                          lambda: (rand(3, 4, 2, 16), (1 + 0.5 * rand(2, 16, seed=1)).detach().requires_grad_())),
+                          lambda: (rand(3, 4, 2, 16),
+                                   (1 + 0.5 * rand(2, 16, seed=1)).detach().requires_grad_())),
     "scaled_norm, one entry per head": (lambda y, g, fast: model.scaled_norm(y, g, 1e-6, fast),
-                                        lambda: (rand(3, 4, 2, 3, 16), (1 + 0.5 * rand(2, 1, 16, seed=1)).detach().requires_grad_())),
+                                        lambda: (rand(3, 4, 2, 3, 16),
+                                                 (1 + 0.5 * rand(2, 1, 16, seed=1))
+                                                 .detach().requires_grad_())),
     "scaled_norm, per row (MoE)": (lambda y, g, fast: model.scaled_norm(y, g, 1e-6, fast),
-                                   lambda: (rand(3, 4, 2, 16), (1 + 0.5 * rand(3, 4, 2, 16, seed=1)).detach().requires_grad_())),
+                                   lambda: (rand(3, 4, 2, 16),
+                                            (1 + 0.5 * rand(3, 4, 2, 16, seed=1))
+                                            .detach().requires_grad_())),
     "swiglu": (lambda x, fast: model.swiglu(x, fast), lambda: (rand(3, 4, 2 * 8),)),
-    "cross_entropy": (lambda x, fast: model.cross_entropy(x, torch.tensor([3, -1, 0, 10, 5, -1, 2]), fast), lambda: (rand(7, 11),)),
+    "cross_entropy": (lambda x, fast: model.cross_entropy(
+                          x, torch.tensor([3, -1, 0, 10, 5, -1, 2]), fast),
+                      lambda: (rand(7, 11),)),
 }
 
 
@@ -40,7 +48,8 @@ def test_kernel_equals_the_plain_definition(name, dtype):
     for fast in (False, True):
         xs = [a.detach().to(dtype).requires_grad_() for a in args()]
         out = fn(*xs, fast)
-        out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(9), dtype=dtype))
+        out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(9),
+                                 dtype=dtype))
         results.append([out.detach()] + [x.grad for x in xs])
     tol = dict(atol=1e-12, rtol=1e-10) if dtype == torch.float64 else dict(atol=2e-6, rtol=2e-5)
     for plain, fast in zip(*results):
@@ -52,7 +61,8 @@ def train_losses(steps=6, **kw):
     torch.manual_seed(0)
     m = GPT(GPTConfig(**TINY, **kw))
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
-    idx = torch.randint(0, 50, (4, 16), generator=torch.Generator().manual_seed(1))   # one batch, learnt by heart
+    # one batch, learnt by heart
+    idx = torch.randint(0, 50, (4, 16), generator=torch.Generator().manual_seed(1))
     losses = []
     for _ in range(steps):
         loss = m(idx, idx.roll(-1, 1))[1]
@@ -64,10 +74,12 @@ def train_losses(steps=6, **kw):
 
 
 @pytest.mark.parametrize("kw", [dict(sv_hetero=True, sv_placement="dnp", sv_reparam="or"),
-                                dict(n_experts=4, n_shared_experts=1, sv_placement="dnp", sv_dnp_width="head")],
+                                dict(n_experts=4, n_shared_experts=1, sv_placement="dnp",
+                                     sv_dnp_width="head")],
                          ids=["unified", "moe-dnp-head"])
 def test_training_on_the_plain_code_matches_the_kernels(kw):
-    """kernels=False trains on model.py's plain definitions alone; its losses are the kernels' (float32)."""
+    """kernels=False trains on model.py's plain definitions alone; its losses are the kernels'
+    (float32)."""
     plain, fast = train_losses(kernels=False, **kw), train_losses(kernels=True, **kw)
     assert fast[-1] < fast[0] - 0.3   # it does train
     assert plain == pytest.approx(fast, rel=1e-5)   # float32 rounding, amplified a little by Adam
@@ -77,18 +89,22 @@ def test_the_switch_reaches_every_kernel(monkeypatch):
     """kernels=False calls none of kernels.py; kernels=True calls each of the four."""
     calls = []
     for name in ("norm", "scaled_norm", "swiglu", "cross_entropy"):
-        monkeypatch.setattr(kernels, name, lambda *a, _f=getattr(kernels, name), _n=name: calls.append(_n) or _f(*a))
+        monkeypatch.setattr(
+            kernels, name,
+            lambda *a, _f=getattr(kernels, name), _n=name: calls.append(_n) or _f(*a))
     for fast in (False, True):
         calls.clear()
         train_losses(steps=1, sv_placement="dnp", kernels=fast)
-        assert set(calls) == (set() if not fast else {"norm", "scaled_norm", "swiglu", "cross_entropy"})
+        assert set(calls) == (set() if not fast
+                              else {"norm", "scaled_norm", "swiglu", "cross_entropy"})
 
 
 def test_norm_gradient_is_exact():
     assert torch.autograd.gradcheck(lambda x: _Norm.apply(x, 1e-6), (rand(3, 4, 16),))
 
 
-@pytest.mark.parametrize("g_shape", [(2, 16), (2, 1, 16), (3, 4, 2, 16)], ids=["shared", "per head", "per-row (MoE)"])
+@pytest.mark.parametrize("g_shape", [(2, 16), (2, 1, 16), (3, 4, 2, 16)],
+                         ids=["shared", "per head", "per-row (MoE)"])
 def test_scaled_norm_gradient_is_exact(g_shape):
     g = (1 + 0.5 * rand(*g_shape, seed=1)).detach().requires_grad_()   # some entries negative
     y = rand(3, 4, 2, 16) if len(g_shape) != 3 else rand(3, 4, 2, 3, 16)
@@ -102,7 +118,8 @@ def test_swiglu_gradient_is_exact():
 def test_scaled_norm_in_bf16_is_as_accurate_as_autograd_in_bf16():
     """The bf16 function recovers Norm(y) from its bf16 output; its error against float64 stays at
     the level of plain autograd on the same bf16 inputs (about 2^-8)."""
-    y, g, dout = rand(8, 64, 4, 128, seed=3), 1 + 0.1 * rand(4, 128, seed=4), rand(8, 64, 4, 128, seed=5)
+    y, g, dout = (rand(8, 64, 4, 128, seed=3), 1 + 0.1 * rand(4, 128, seed=4),
+                  rand(8, 64, 4, 128, seed=5))
     g = g.detach()
 
     def run(fn, dtype):
@@ -116,7 +133,8 @@ def test_scaled_norm_in_bf16_is_as_accurate_as_autograd_in_bf16():
     ours = run(lambda y, g: _ScaledNorm.apply(y, g, 1e-6), torch.bfloat16)
     autograd = run(reference, torch.bfloat16)
     for a, b, t in zip(ours, autograd, truth):
-        err_ours, err_autograd = ((a - t).norm() / t.norm()).item(), ((b - t).norm() / t.norm()).item()
+        err_ours, err_autograd = (((a - t).norm() / t.norm()).item(),
+                                  ((b - t).norm() / t.norm()).item())
         assert err_ours < 1e-2 and err_ours < 2 * err_autograd
 
 
@@ -156,22 +174,26 @@ def saved_bytes(model, idx):
 
 
 def test_dnp_keeps_no_extra_activations():
-    """Paper 3.2, DNP: g_out * Norm(W x) on q, k, v and on gate, up. Compared with the baseline, autograd keeps
-    only one float r per token and group (a head, or a branch) and the vectors g_out: never a copy of W x."""
+    """Paper 3.2, DNP: g_out * Norm(W x) on q, k, v and on gate, up. Compared with the baseline,
+    autograd keeps only one float r per token and group (a head, or a branch) and the vectors
+    g_out: never a copy of W x."""
     cfg = TINY
     B, T = 4, 16
     idx = torch.randint(0, 50, (B, T), generator=torch.Generator().manual_seed(0))
     base, dnp = (GPT(GPTConfig(**cfg, sv_placement=p)) for p in ("pre", "dnp"))
     c = dnp.config
-    r_bytes = 4 * B * T * (3 * c.n_head + 2)     # float32 r per (token, head) of q, k, v and per (token, branch)
+    # float32 r per (token, head) of q, k, v and per (token, branch)
+    r_bytes = 4 * B * T * (3 * c.n_head + 2)
     g_bytes = 4 * (3 * c.n_embd + 2 * c.hidden)  # the vectors g_out of qkv and gate_up
     assert saved_bytes(dnp, idx) - saved_bytes(base, idx) == c.n_layer * (r_bytes + g_bytes)
 
 
-@pytest.mark.parametrize("kw", [{}, dict(sv_hetero=True, sv_placement="dnp", sv_reparam="or")], ids=["baseline", "unified"])
+@pytest.mark.parametrize("kw", [{}, dict(sv_hetero=True, sv_placement="dnp", sv_reparam="or")],
+                         ids=["baseline", "unified"])
 def test_model_compiles_without_graph_breaks(kw):
-    """compile=True must compile the whole model, hand-written backward passes included (a graph break
-    silently falls back to eager); aot_eager traces forward and backward as inductor would, in seconds."""
+    """compile=True must compile the whole model, hand-written backward passes included (a graph
+    break silently falls back to eager); aot_eager traces forward and backward as inductor would,
+    in seconds."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(**TINY, **kw))
     idx = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(1))
@@ -190,7 +212,8 @@ def test_model_compiles_without_graph_breaks(kw):
 @pytest.mark.parametrize("rows", [3, 1000], ids=["chunked", "one chunk"])
 def test_cross_entropy_equals_torch_and_its_gradient_is_exact(rows):
     logits, targets = rand(7, 11), torch.tensor([3, -1, 0, 10, 5, -1, 2])
-    torch.testing.assert_close(cross_entropy(logits, targets, rows), F.cross_entropy(logits, targets, ignore_index=-1))
+    torch.testing.assert_close(cross_entropy(logits, targets, rows),
+                               F.cross_entropy(logits, targets, ignore_index=-1))
     assert torch.autograd.gradcheck(lambda x: cross_entropy(x, targets, rows), (logits,))
 
 
