@@ -259,8 +259,9 @@ def interleave(runs, cfg):
             if cuda:
                 step_mem[name] = max(step_mem[name], torch.cuda.max_memory_allocated() - before)
     base_ms = 1000 * statistics.median(times["base"])
-    print("| config | params (M) | ms/step | x base | tokens/s | MFU | step mem (MB) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| config | params (M) | ms/step | x base | tokens/s | MFU | step mem (MB) "
+          "| x base by round |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, (model, _, info) in built.items():
         ms = 1000 * statistics.median(times[name])
         c = configure(defaults, runs[name])
@@ -271,7 +272,17 @@ def interleave(runs, cfg):
                if peak else "—")   # no known CPU peak
         mem = f"{step_mem[name] / 2**20:,.0f}" if info["device"].startswith("cuda") else "—"
         print(f"| {name} | {sum(p.numel() for p in model.parameters()) / 1e6:.2f} | {ms:.1f} "
-              f"| {ms / base_ms:.3f} | {info['tokens'] / ms * 1000:,.0f} | {mfu} | {mem} |")
+              f"| {ms / base_ms:.3f} | {info['tokens'] / ms * 1000:,.0f} | {mfu} | {mem} "
+              f"| {round_spread(times[name], times['base'], cfg['steps'])} |")
+
+
+def round_spread(times, base, steps):
+    """The lowest and highest of the per-round ratios (median over a round's `steps` steps, to
+    the base's in the same round): how far one round's ratio can stray."""
+    rounds = range(0, len(times), steps)
+    ratios = [statistics.median(times[i:i + steps]) / statistics.median(base[i:i + steps])
+              for i in rounds]
+    return f"{min(ratios):.3f}-{max(ratios):.3f}"
 
 
 def compare(runs, cfg):

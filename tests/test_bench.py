@@ -54,6 +54,13 @@ def test_bench_interleaves_configurations_in_one_process():
             and table["base"]["x base"] == "1.000")
     # MFU against a known peak only, memory on CUDA only
     assert table["gpt2"]["MFU"] == table["gpt2"]["step mem (MB)"] == "—"
+    assert table["base"]["x base by round"] == "1.000-1.000"
+
+
+def test_the_spread_is_of_the_ratios_round_by_round():
+    base = [1.0, 1.0, 3.0, 2.0, 2.0, 9.0]      # 2 rounds of 3 steps: medians 1 and 2
+    other = [1.5, 1.5, 1.0, 2.0, 2.2, 2.2]     # medians 1.5 and 2.2
+    assert bench_py.round_spread(other, base, steps=3) == "1.100-1.500"
 
 
 @pytest.mark.slow   # a subprocess
