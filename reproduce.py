@@ -298,12 +298,13 @@ def lock_results(out, name="lock"):
 
 
 # ---- the code a run ran -------------------------------------------------------------------------
+CODE = ("*.py", "*.c")   # what a run's numbers depend on: git pathspecs
 def code_version():
-    """{"commit", "diff", "id"} of the Python code in this checkout: HEAD's commit; a hash of its
-    uncommitted Python edits (`git diff HEAD` and untracked .py files; None when there are none);
-    and "id", a hash of the .py files as they are, so two checkouts of the same code share it
-    (two commits that differ only in results or prose, an edit and its commit). None outside
-    git."""
+    """{"commit", "diff", "id"} of the code in this checkout (its .py files and kernels.c, CODE):
+    HEAD's commit; a hash of its uncommitted code edits (`git diff HEAD` and untracked code files;
+    None when there are none); and "id", a hash of the code files as they are, so two checkouts
+    of the same code share it (two commits that differ only in results or prose, an edit and its
+    commit). None outside git."""
     def git(*args):
         p = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, timeout=60)
         if p.returncode:
@@ -321,12 +322,12 @@ def code_version():
 
     try:
         commit = git("rev-parse", "HEAD").decode().strip()
-        edits = hashlib.sha256(git("diff", "HEAD", "--binary", "--", "*.py"))
-        untracked = git("ls-files", "-z", "--others", "--exclude-standard", "--", "*.py")
+        edits = hashlib.sha256(git("diff", "HEAD", "--binary", "--", *CODE))
+        untracked = git("ls-files", "-z", "--others", "--exclude-standard", "--", *CODE)
         edits.update(hash_files(untracked).digest())
         clean = hashlib.sha256(hashlib.sha256(b"").digest()).hexdigest()
         files = hash_files(git("ls-files", "-z", "--cached", "--others", "--exclude-standard",
-                               "--", "*.py"))
+                               "--", *CODE))
     except (OSError, subprocess.SubprocessError):
         return None
     diff = edits.hexdigest()[:16] if edits.hexdigest() != clean else None
