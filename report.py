@@ -247,7 +247,7 @@ def size_lr_rows(results):
         runs = {("baseline", "1e-3"): budget_name("baseline", size, "1"),
                 ("unified", "1e-3"): budget_name("unified", size, "1")}
         runs.update({(f, lr): f"{f}_{size}_lr{lr}" for f in ("baseline", "unified")
-                     for lr in SIZE_LRS})
+                     for lr in SIZE_LRS.get(size, ())})
         if not any(results.get(n) for (f, lr), n in runs.items() if lr != "1e-3"):
             continue
         table = {}
@@ -268,7 +268,7 @@ def size_lr_rows(results):
 
 
 def size_lr_lines(rows):
-    lrs = sorted(("1e-3", *SIZE_LRS), key=float)
+    lrs = sorted({"1e-3", *(lr for size in rows for lr in SIZE_LRS[size])}, key=float)
     lines = ["", "### Learning rate at the smallest and the largest size", "",
              "Mean validation loss at the 1x budget over the seeds run; **bold**: the family's "
              "best, (edge) when no larger or smaller rate was run beside it. Tuned: unified at its "
