@@ -28,6 +28,10 @@ operations:
                      (tests/test_kernels.py counts them exactly). 124M on CPU, bf16, batch
                      2x1024, interleaved in one process: the unified strategy's step time went
                      from 1.47-1.67x to 1.01-1.06x the baseline's (commit 52b2263).
+                     On a CPU in float32 (the CPU recipe), eager: kernels.c, the same math in
+                     one pass each way (the statistic, the scaling and dg in one read of a row),
+                     compiled on first use with the machine's C compiler and called through
+                     ctypes; where it cannot be built, these PyTorch ops, with a warning.
 
   swiglu(gate|up)    h = silu(gate) * up;  dgate = dh * up * silu'(gate),  dup = dh * silu(gate)
                      It keeps only gate|up; autograd would keep gate, silu(gate) and up.
@@ -46,6 +50,13 @@ And one setting of the C allocator, retain_freed_memory(): on a CPU the step tim
 models was set less by arithmetic than by page faults (issue 23).
 """
 import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -107,6 +118,34 @@ class _ScaledNorm(torch.autograd.Function):
         return torch.mul(dout, g).addcmul_(n, m, value=-1).mul_(r), dg, None
 
 
+class _ScaledNormC(torch.autograd.Function):
+    """_ScaledNorm's math in kernels.c: one pass forward, one backward (CPU, float32, eager).
+    Every row of y is a group; g is expanded to the g_out rows of one token, P rows of D."""
+
+    @staticmethod
+    def forward(ctx, y, g, eps):
+        y = y.contiguous()
+        ge = g.expand(y.shape[y.dim() - g.dim():]).contiguous()   # (..., D): P rows of g_out
+        D = y.size(-1)
+        out, r = torch.empty_like(y), y.new_empty(y.numel() // D)   # r: one per row
+        c_library().scaled_norm_forward(y.data_ptr(), ge.data_ptr(), out.data_ptr(), r.data_ptr(),
+                                        len(r), D, ge.numel() // D, eps)
+        ctx.g_shape = g.shape
+        ctx.save_for_backward(out, ge, r)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        out, ge, r = ctx.saved_tensors
+        dout, D = dout.contiguous(), out.size(-1)
+        inv_g = 1 / torch.where(ge == 0, 1, ge)
+        dy, dg = torch.empty_like(out), torch.zeros_like(ge)
+        c_library().scaled_norm_backward(dout.data_ptr(), out.data_ptr(), ge.data_ptr(),
+                                         inv_g.data_ptr(), r.data_ptr(), dy.data_ptr(),
+                                         dg.data_ptr(), len(r), D, ge.numel() // D)
+        return dy, dg.sum_to_size(ctx.g_shape), None
+
+
 class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate_up):
@@ -152,7 +191,10 @@ def norm(x, eps):
 
 
 def scaled_norm(y, g, eps):
-    """g * Norm(y), in y's dtype."""
+    """g * Norm(y), in y's dtype: through kernels.c on a CPU in float32, in eager mode."""
+    if (y.device.type == "cpu" and y.dtype == g.dtype == torch.float32
+            and not torch.compiler.is_compiling() and c_library() is not None):
+        return _ScaledNormC.apply(y, g, eps)
     return _ScaledNorm.apply(y, g, eps)
 
 
@@ -190,3 +232,48 @@ def retain_freed_memory():
         return False
     M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3   # glibc's malloc.h
     return bool(mallopt(M_MMAP_THRESHOLD, 32 << 20) and mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
+
+
+C_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels.c")
+
+
+def c_flags():
+    """The C compiler's flags: vector instructions as far as PyTorch's own CPU kernels use them
+    on this machine (not -march=native: a cached library may be loaded on another machine)."""
+    arch = {"AVX2": ["-mavx2", "-mfma"],
+            "AVX512": ["-mavx512f", "-mavx512vl", "-mavx2", "-mfma"]}
+    return ["-O3", "-fopenmp-simd", "-fno-math-errno", "-shared", "-fPIC",
+            *arch.get(torch.backends.cpu.get_cpu_capability(), [])]
+
+
+@functools.cache
+def c_library():
+    """kernels.c compiled (once per source and flags, cached in ~/.cache/scale_vectors) and loaded
+    through ctypes; None, with a warning, where it cannot be: DNP's Norm then runs in PyTorch ops,
+    the same values, slower."""
+    cc = os.environ.get("CC", "cc")
+    with open(C_SOURCE, "rb") as f:
+        source = f.read()
+    key = hashlib.sha256(source + " ".join([cc, *c_flags(), platform.machine()]).encode())
+    cache = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
+                         "scale_vectors")
+    path = os.path.join(cache, f"kernels-{key.hexdigest()[:16]}.so")
+    try:
+        if not os.path.exists(path):
+            if shutil.which(cc) is None:
+                raise OSError(f"no C compiler {cc!r} (set CC)")
+            os.makedirs(cache, exist_ok=True)
+            tmp = f"{path}.{os.getpid()}.tmp"
+            build = subprocess.run([cc, *c_flags(), C_SOURCE, "-o", tmp, "-lm"],
+                                   capture_output=True, text=True)
+            if build.returncode:
+                raise OSError(f"{cc} failed: {build.stderr.strip()[-300:]}")
+            os.replace(tmp, path)   # atomic: DDP ranks that build at once each load a whole file
+        lib = ctypes.CDLL(path)
+    except OSError as e:
+        warnings.warn(f"kernels.c not built ({e}): DNP's Norm runs in PyTorch ops, slower on a CPU")
+        return None
+    ptr, n = ctypes.c_void_p, ctypes.c_long
+    lib.scaled_norm_forward.argtypes = [ptr] * 4 + [n] * 3 + [ctypes.c_float]
+    lib.scaled_norm_backward.argtypes = [ptr] * 7 + [n] * 3
+    return lib

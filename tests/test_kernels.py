@@ -2,6 +2,9 @@
 same values and gradients as model.py's plain definitions, exact gradients in float64, bf16
 accuracy against a float64 reference, the activation memory DNP saves for backward, and training
 with kernels=False matching kernels=True."""
+import os
+import shutil
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -158,6 +161,74 @@ def test_scaled_norm_with_a_zero_entry_stays_finite():
     y = rand(3, 2, 16)
     _ScaledNorm.apply(y, g, 1e-6).pow(2).sum().backward()
     assert torch.isfinite(y.grad).all() and torch.isfinite(g.grad).all()
+
+
+def needs_c():
+    """kernels.c built here; a skip only where there is no C compiler at all."""
+    if shutil.which(os.environ.get("CC", "cc")) is None:
+        pytest.skip("no C compiler: DNP's Norm runs on kernels.py's PyTorch ops here")
+    assert kernels.c_library() is not None, "kernels.c did not build: see the warning"
+
+
+# (y, g) shapes as the model passes them (q|k|v per head, gate|up per branch, a one-entry g per
+# branch, a g per row as MoE's), at head sizes kernels.c specializes (32, 64, 128) and others
+C_SHAPES = [((40, 3, 4, 32), (3, 4, 32)), ((5, 3, 2, 64), (3, 1, 64)), ((6, 2, 1, 352), (2, 1, 1)),
+            ((7, 2, 1, 131), (2, 1, 131)), ((9, 3, 128), (9, 3, 128)), ((3, 4, 2, 16), (2, 16))]
+
+
+@pytest.mark.parametrize("y_shape, g_shape", C_SHAPES, ids=str)
+def test_the_c_kernel_equals_the_pytorch_kernel(y_shape, g_shape):
+    """kernels.c's one pass each way and _ScaledNorm's PyTorch ops: the same values and gradients
+    in float32, at the tolerance the kernels keep against the plain definition; scaled_norm takes
+    the C path for float32 on a CPU."""
+    needs_c()
+    y, g = rand(*y_shape, dtype=torch.float32), (1 + 0.5 * rand(*g_shape, seed=1)).float()
+    dout = rand(*y_shape, seed=2, dtype=torch.float32).detach()
+    results = []
+    for fn in (kernels.scaled_norm, _ScaledNorm.apply):
+        yy, gg = y.detach().clone().requires_grad_(), g.detach().clone().requires_grad_()
+        out = fn(yy, gg, 1e-6)
+        out.backward(dout)
+        results.append((type(out.grad_fn).__name__, out, yy.grad, gg.grad))
+    (c_name, *c), (_, *pytorch) = results
+    assert c_name == "_ScaledNormCBackward"
+    for a, b in zip(c, pytorch):
+        torch.testing.assert_close(a, b, atol=2e-6, rtol=2e-5)
+
+
+def test_the_c_kernel_with_a_zero_entry_stays_finite():
+    needs_c()
+    g = torch.ones(2, 16)
+    g[0, 3] = 0.0
+    y, g = rand(3, 2, 16, dtype=torch.float32), g.requires_grad_()
+    kernels.scaled_norm(y, g, 1e-6).pow(2).sum().backward()
+    assert torch.isfinite(y.grad).all() and torch.isfinite(g.grad).all()
+
+
+def test_without_a_c_compiler_dnp_runs_on_pytorch_ops(monkeypatch, tmp_path):
+    """No compiler: one warning, and scaled_norm takes _ScaledNorm's PyTorch ops."""
+    monkeypatch.setenv("CC", "no-such-compiler")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    with pytest.warns(UserWarning, match="no C compiler 'no-such-compiler'"):
+        assert kernels.c_library.__wrapped__() is None
+    monkeypatch.setattr(kernels, "c_library", lambda: None)
+    out = kernels.scaled_norm(rand(3, 2, 16, dtype=torch.float32), torch.ones(2, 16), 1e-6)
+    assert type(out.grad_fn).__name__ == "_ScaledNormBackward"
+
+
+def test_the_c_library_is_built_once_per_source(monkeypatch, tmp_path):
+    """Built into $XDG_CACHE_HOME/scale_vectors under a hash of the source and the flags, then
+    loaded from there; an edited kernels.c is a new file."""
+    needs_c()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    kernels.c_library.__wrapped__()
+    kernels.c_library.__wrapped__()
+    assert len(list((tmp_path / "scale_vectors").glob("*.so"))) == 1
+    edited = tmp_path / "kernels.c"
+    edited.write_text(open(kernels.C_SOURCE).read() + "\n/* edited */\n")
+    monkeypatch.setattr(kernels, "C_SOURCE", str(edited))
+    assert kernels.c_library.__wrapped__() is not None
+    assert len(list((tmp_path / "scale_vectors").glob("*.so"))) == 2
 
 
 def saved_bytes(model, idx):
