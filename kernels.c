@@ -1,10 +1,11 @@
-/* DNP's g_out * Norm(y) on a CPU, float32, in one pass forward and one backward (issue 23).
+/* g * Norm(y) on a CPU, float32, in one pass forward and one backward (issue 23): DNP's
+g_out * Norm(W x) (paper 3.2), OR's beta * Norm(alpha) (3.3), and Norm(x) itself with g = 1.
 
 kernels.py compiles this file on first use (cc -O3, no other library) and calls it through
-ctypes; _ScaledNorm's PyTorch code in kernels.py is the same math in 2-4 full-size passes per
-direction, with a dozen small operations around them, and runs wherever this does not (no C
+ctypes; _Norm and _ScaledNorm in kernels.py are the same math in 2-4 full-size passes per
+direction, with a dozen small operations around them, and run wherever this does not (no C
 compiler, a GPU, bf16, torch.compile). tests/test_kernels.py holds both to model.py's plain
-definition.
+definitions.
 
 y and out are `rows` rows of D floats (one row per group of outputs: a head of q, k or v, a
 branch gate or up); row i is scaled by row (i mod P) of g, the g_out rows of one token. */

@@ -28,10 +28,6 @@ operations:
                      (tests/test_kernels.py counts them exactly). 124M on CPU, bf16, batch
                      2x1024, interleaved in one process: the unified strategy's step time went
                      from 1.47-1.67x to 1.01-1.06x the baseline's (commit 52b2263).
-                     On a CPU in float32 (the CPU recipe), eager: kernels.c, the same math in
-                     one pass each way (the statistic, the scaling and dg in one read of a row),
-                     compiled on first use with the machine's C compiler and called through
-                     ctypes; where it cannot be built, these PyTorch ops, with a warning.
 
   swiglu(gate|up)    h = silu(gate) * up;  dgate = dh * up * silu'(gate),  dup = dh * silu(gate)
                      It keeps only gate|up; autograd would keep gate, silu(gate) and up.
@@ -45,6 +41,13 @@ operations:
                      (commit 4abb067).
 
 All four compile with torch.compile(fullgraph=True) (tests/test_kernels.py).
+
+On a CPU in float32 (the CPU recipe), in eager mode, norm and scaled_norm run kernels.c: the same
+math in one pass each way (the statistic, the scaling and dg from one read of a row) in place of
+2-4 passes and a dozen small operations, which at 128 wide cost more than the matmuls around them
+(issue 23). norm is g * Norm(x) there with g = 1, the arithmetic of scaled_norm, so DNP's control
+is DNP at g_out = 1 bit for bit. c_library() builds it on first use with the machine's C compiler
+and loads it through ctypes; where it cannot be built, the PyTorch ops above, with a warning.
 
 And one setting of the C allocator, retain_freed_memory(): on a CPU the step time of these small
 models was set less by arithmetic than by page faults (issue 23).
@@ -185,15 +188,24 @@ class _CrossEntropy(torch.autograd.Function):
         return grad, None, None
 
 
+def in_c(*tensors):
+    """kernels.c applies: CPU tensors in float32, eager (torch.compile traces the PyTorch ops),
+    and the library built."""
+    return (all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+            and not torch.compiler.is_compiling() and c_library() is not None)
+
+
 def norm(x, eps):
-    """Norm(x), no parameter."""
+    """Norm(x), no parameter. In kernels.c as g * Norm(x) with g = 1: the same arithmetic as
+    scaled_norm's, so DNP's control (its Norm without g_out) is DNP at g_out = 1 bit for bit."""
+    if in_c(x):
+        return _ScaledNormC.apply(x, x.new_ones(x.size(-1)), eps)
     return _Norm.apply(x, eps)
 
 
 def scaled_norm(y, g, eps):
-    """g * Norm(y), in y's dtype: through kernels.c on a CPU in float32, in eager mode."""
-    if (y.device.type == "cpu" and y.dtype == g.dtype == torch.float32
-            and not torch.compiler.is_compiling() and c_library() is not None):
+    """g * Norm(y), in y's dtype."""
+    if in_c(y, g):
         return _ScaledNormC.apply(y, g, eps)
     return _ScaledNorm.apply(y, g, eps)
 

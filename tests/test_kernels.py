@@ -196,6 +196,23 @@ def test_the_c_kernel_equals_the_pytorch_kernel(y_shape, g_shape):
         torch.testing.assert_close(a, b, atol=2e-6, rtol=2e-5)
 
 
+@pytest.mark.parametrize("shape", [(40, 3, 4, 32), (7, 2, 131)], ids=str)
+def test_norm_in_c_equals_the_pytorch_kernel(shape):
+    """Norm(x) runs kernels.c with g = 1 (the arithmetic DNP's control shares with DNP)."""
+    needs_c()
+    x, dy = rand(*shape, dtype=torch.float32), rand(*shape, seed=2, dtype=torch.float32).detach()
+    results = []
+    for fn in (kernels.norm, _Norm.apply):
+        xx = x.detach().clone().requires_grad_()
+        out = fn(xx, 1e-6)
+        out.backward(dy)
+        results.append((type(out.grad_fn).__name__, out, xx.grad))
+    (c_name, *c), (_, *pytorch) = results
+    assert c_name == "_ScaledNormCBackward"
+    for a, b in zip(c, pytorch):
+        torch.testing.assert_close(a, b, atol=2e-6, rtol=2e-5)
+
+
 def test_the_c_kernel_with_a_zero_entry_stays_finite():
     needs_c()
     g = torch.ones(2, 16)
