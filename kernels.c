@@ -41,11 +41,17 @@ static inline __attribute__((always_inline)) void forward_rows(
 }
 
 /* with n = out / g (Norm(y), recovered from the output):
-   dg += dout * n summed over rows,  dy = r * (g * dout - n * mean(dout * out)) */
+   dg = sum over rows of dout * n,  dy = r * (g * dout - n * mean(dout * out));
+   inv_g: P x D floats of scratch for 1 / g (1 where g is 0: that entry's gradient is lost, as in
+   _ScaledNorm; a trained g never lands on exactly 0) */
 static inline __attribute__((always_inline)) void backward_rows(
         const float *restrict dout, const float *restrict out, const float *restrict g,
-        const float *restrict inv_g, const float *restrict r, float *restrict dy,
+        float *restrict inv_g, const float *restrict r, float *restrict dy,
         float *restrict dg, long rows, long D, long P) {
+    for (long k = 0; k < P * D; k++) {
+        inv_g[k] = g[k] != 0.f ? 1.f / g[k] : 1.f;
+        dg[k] = 0.f;
+    }
     for (long i = 0, p = 0; i < rows; i++, p = p + 1 == P ? 0 : p + 1) {
         const float *di = dout + i * D, *oi = out + i * D;
         const float *gi = g + p * D, *ig = inv_g + p * D;
@@ -71,7 +77,7 @@ void scaled_norm_forward(const float *y, const float *g, float *out, float *r, l
 }
 
 void scaled_norm_backward(const float *dout, const float *out, const float *g,
-                          const float *inv_g, const float *r, float *dy, float *dg, long rows,
+                          float *inv_g, const float *r, float *dy, float *dg, long rows,
                           long D, long P) {
     if (D == 32) backward_rows(dout, out, g, inv_g, r, dy, dg, rows, 32, P);
     else if (D == 64) backward_rows(dout, out, g, inv_g, r, dy, dg, rows, 64, P);

@@ -141,8 +141,7 @@ class _ScaledNormC(torch.autograd.Function):
     def backward(ctx, dout):
         out, ge, r = ctx.saved_tensors
         dout, D = dout.contiguous(), out.size(-1)
-        inv_g = 1 / torch.where(ge == 0, 1, ge)
-        dy, dg = torch.empty_like(out), torch.zeros_like(ge)
+        dy, dg, inv_g = torch.empty_like(out), torch.empty_like(ge), torch.empty_like(ge)
         c_library().scaled_norm_backward(dout.data_ptr(), out.data_ptr(), ge.data_ptr(),
                                          inv_g.data_ptr(), r.data_ptr(), dy.data_ptr(),
                                          dg.data_ptr(), len(r), D, ge.numel() // D)
