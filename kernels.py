@@ -188,10 +188,12 @@ class _CrossEntropy(torch.autograd.Function):
 
 
 def in_c(*tensors):
-    """kernels.c applies: CPU tensors in float32, eager (torch.compile traces the PyTorch ops),
-    and the library built."""
-    return (all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
-            and not torch.compiler.is_compiling() and c_library() is not None)
+    """kernels.c applies: CPU tensors in float32, not empty, eager (torch.compile traces the
+    PyTorch ops), and the library built."""
+    return (not torch.compiler.is_compiling()
+            and all(t.device.type == "cpu" and t.dtype == torch.float32 and t.numel()
+                    for t in tensors)
+            and c_library() is not None)
 
 
 def norm(x, eps):
@@ -260,8 +262,8 @@ def c_flags():
 @functools.cache
 def c_library():
     """kernels.c compiled (once per source and flags, cached in ~/.cache/scale_vectors) and loaded
-    through ctypes; None, with a warning, where it cannot be: DNP's Norm then runs in PyTorch ops,
-    the same values, slower."""
+    through ctypes; None, with a warning, where it cannot be: norm and scaled_norm then run in
+    PyTorch ops, the same values, slower."""
     cc = os.environ.get("CC", "cc")
     with open(C_SOURCE, "rb") as f:
         source = f.read()
@@ -282,7 +284,7 @@ def c_library():
             os.replace(tmp, path)   # atomic: DDP ranks that build at once each load a whole file
         lib = ctypes.CDLL(path)
     except OSError as e:
-        warnings.warn(f"kernels.c not built ({e}): DNP's Norm runs in PyTorch ops, slower on a CPU")
+        warnings.warn(f"kernels.c not built ({e}): Norm and g * Norm run in PyTorch ops, slower")
         return None
     ptr, n = ctypes.c_void_p, ctypes.c_long
     lib.scaled_norm_forward.argtypes = [ptr] * 4 + [n] * 3 + [ctypes.c_float]
