@@ -299,6 +299,8 @@ def lock_results(out, name="lock"):
 
 # ---- the code a run ran -------------------------------------------------------------------------
 CODE = ("*.py", "*.c")   # what a run's numbers depend on: git pathspecs
+
+
 def code_version():
     """{"commit", "diff", "id"} of the code in this checkout (its .py files and kernels.c, CODE):
     HEAD's commit; a hash of its uncommitted code edits (`git diff HEAD` and untracked code files;
