@@ -264,10 +264,10 @@ def c_library():
     """kernels.c compiled (once per source and flags, cached in ~/.cache/scale_vectors) and loaded
     through ctypes; None, with a warning, where it cannot be: norm and scaled_norm then run in
     PyTorch ops, the same values, slower."""
-    cc = os.environ.get("CC", "cc")
+    cc, flags = os.environ.get("CC", "cc"), c_flags()
     with open(C_SOURCE, "rb") as f:
         source = f.read()
-    key = hashlib.sha256(source + " ".join([cc, *c_flags(), platform.machine()]).encode())
+    key = hashlib.sha256(source + " ".join([cc, *flags, platform.machine()]).encode())
     cache = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
                          "scale_vectors")
     path = os.path.join(cache, f"kernels-{key.hexdigest()[:16]}.so")
@@ -277,7 +277,7 @@ def c_library():
                 raise OSError(f"no C compiler {cc!r} (set CC)")
             os.makedirs(cache, exist_ok=True)
             tmp = f"{path}.{os.getpid()}.tmp"
-            build = subprocess.run([cc, *c_flags(), C_SOURCE, "-o", tmp, "-lm"],
+            build = subprocess.run([cc, *flags, C_SOURCE, "-o", tmp, "-lm"],
                                    capture_output=True, text=True)
             if build.returncode:
                 raise OSError(f"{cc} failed: {build.stderr.strip()[-300:]}")
