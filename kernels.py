@@ -250,39 +250,51 @@ def retain_freed_memory():
 C_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels.c")
 
 
-def c_flags():
+def c_flags(threads=True):
     """The C compiler's flags: vector instructions as far as PyTorch's own CPU kernels use them
-    on this machine (not -march=native: a cached library may be loaded on another machine)."""
+    on this machine (not -march=native: a cached library may be loaded on another machine), and
+    with threads=True OpenMP, whose runtime PyTorch has already loaded (libgomp.so.1), so that the
+    loops over rows run on PyTorch's threads; -fopenmp-simd: one thread."""
     arch = {"AVX2": ["-mavx2", "-mfma"],
             "AVX512": ["-mavx512f", "-mavx512vl", "-mavx2", "-mfma"]}
-    return ["-O3", "-fopenmp-simd", "-fno-math-errno", "-shared", "-fPIC",
+    omp = "-fopenmp" if threads and torch.backends.openmp.is_available() else "-fopenmp-simd"
+    return ["-O3", omp, "-fno-math-errno", "-shared", "-fPIC",
             *arch.get(torch.backends.cpu.get_cpu_capability(), [])]
 
 
-@functools.cache
-def c_library():
-    """kernels.c compiled (once per source and flags, cached in ~/.cache/scale_vectors) and loaded
-    through ctypes; None, with a warning, where it cannot be: norm and scaled_norm then run in
-    PyTorch ops, the same values, slower."""
-    cc, flags = os.environ.get("CC", "cc"), c_flags()
+def c_build(cc, flags):
+    """The path of kernels.c compiled with these flags, built once per source and flags into
+    ~/.cache/scale_vectors ($XDG_CACHE_HOME); OSError if the compiler is missing or fails."""
     with open(C_SOURCE, "rb") as f:
         source = f.read()
     key = hashlib.sha256(source + " ".join([cc, *flags, platform.machine()]).encode())
     cache = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
                          "scale_vectors")
     path = os.path.join(cache, f"kernels-{key.hexdigest()[:16]}.so")
+    if not os.path.exists(path):
+        if shutil.which(cc) is None:
+            raise OSError(f"no C compiler {cc!r} (set CC)")
+        os.makedirs(cache, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        build = subprocess.run([cc, *flags, C_SOURCE, "-o", tmp, "-lm"],
+                               capture_output=True, text=True)
+        if build.returncode:
+            raise OSError(f"{cc} failed: {build.stderr.strip()[-300:]}")
+        os.replace(tmp, path)   # atomic: DDP ranks that build at once each load a whole file
+    return path
+
+
+@functools.cache
+def c_library():
+    """kernels.c compiled (c_build) and loaded through ctypes, with OpenMP where the compiler has
+    it (Apple's clang has not: one thread); None, with a warning, where it cannot be built at all:
+    norm and scaled_norm then run in PyTorch ops, the same values, slower."""
+    cc = os.environ.get("CC", "cc")
     try:
-        if not os.path.exists(path):
-            if shutil.which(cc) is None:
-                raise OSError(f"no C compiler {cc!r} (set CC)")
-            os.makedirs(cache, exist_ok=True)
-            tmp = f"{path}.{os.getpid()}.tmp"
-            build = subprocess.run([cc, *flags, C_SOURCE, "-o", tmp, "-lm"],
-                                   capture_output=True, text=True)
-            if build.returncode:
-                raise OSError(f"{cc} failed: {build.stderr.strip()[-300:]}")
-            os.replace(tmp, path)   # atomic: DDP ranks that build at once each load a whole file
-        lib = ctypes.CDLL(path)
+        try:
+            lib = ctypes.CDLL(c_build(cc, c_flags()))
+        except OSError:
+            lib = ctypes.CDLL(c_build(cc, c_flags(threads=False)))
     except OSError as e:
         warnings.warn(f"kernels.c not built ({e}): Norm and g * Norm run in PyTorch ops, slower")
         return None

@@ -4,6 +4,7 @@ accuracy against a float64 reference, the activation memory DNP saves for backwa
 with kernels=False matching kernels=True."""
 import os
 import shutil
+import warnings
 
 import pytest
 import torch
@@ -171,9 +172,13 @@ def needs_c():
 
 
 # (y, g) shapes as the model passes them (q|k|v per head, gate|up per branch, a one-entry g per
-# branch, a g per row as MoE's), at head sizes kernels.c specializes (32, 64, 128) and others
+# branch, a g per row as MoE's), at head sizes kernels.c specializes (32, 64, 128) and others; the
+# last three are large enough for its threads (kernels.c's PARALLEL, 16384 floats), in 16 chunks
+# of tokens, in fewer than 16, and as one period (a g row per row of y)
 C_SHAPES = [((40, 3, 4, 32), (3, 4, 32)), ((5, 3, 2, 64), (3, 1, 64)), ((6, 2, 1, 352), (2, 1, 1)),
-            ((7, 2, 1, 131), (2, 1, 131)), ((9, 3, 128), (9, 3, 128)), ((3, 4, 2, 16), (2, 16))]
+            ((7, 2, 1, 131), (2, 1, 131)), ((9, 3, 128), (9, 3, 128)), ((3, 4, 2, 16), (2, 16)),
+            ((200, 3, 4, 32), (3, 4, 32)), ((11, 2, 1, 900), (2, 1, 900)),
+            ((300, 1, 64), (300, 1, 64))]
 
 
 @pytest.mark.parametrize("y_shape, g_shape", C_SHAPES, ids=str)
@@ -194,6 +199,46 @@ def test_the_c_kernel_equals_the_pytorch_kernel(y_shape, g_shape):
     assert c_name == "_ScaledNormCBackward"
     for a, b in zip(c, pytorch):
         torch.testing.assert_close(a, b, atol=2e-6, rtol=2e-5)
+
+
+@pytest.mark.parametrize("y_shape, g_shape", C_SHAPES[-3:], ids=str)
+def test_the_c_kernel_gives_the_same_bits_on_any_number_of_threads(y_shape, g_shape):
+    """kernels.c splits the rows the same way on any number of threads and adds dg's partial sums
+    in a fixed order: one thread and three give the same bits (so a run does not depend on the
+    machine's core count)."""
+    needs_c()
+    y, g = rand(*y_shape, dtype=torch.float32), (1 + 0.5 * rand(*g_shape, seed=1)).float()
+    dout = rand(*y_shape, seed=2, dtype=torch.float32).detach()
+    results, threads = [], torch.get_num_threads()
+    try:
+        for n in (1, 3):
+            torch.set_num_threads(n)
+            yy, gg = y.detach().clone().requires_grad_(), g.detach().clone().requires_grad_()
+            out = kernels.scaled_norm(yy, gg, 1e-6)
+            out.backward(dout)
+            results.append((out, yy.grad, gg.grad))
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+def test_without_openmp_the_c_kernel_runs_on_one_thread(monkeypatch, tmp_path):
+    """A compiler without OpenMP (Apple's clang): kernels.c is built with -fopenmp-simd alone, with
+    no warning, and computes the same values."""
+    needs_c()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    flags = kernels.c_flags
+    monkeypatch.setattr(kernels, "c_flags", lambda threads=True: flags(threads) + (
+        ["-fno-such-openmp-flag"] if threads else []))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lib = kernels.c_library.__wrapped__()
+    assert lib is not None and len(list((tmp_path / "scale_vectors").glob("*.so"))) == 1
+    y, g = rand(200, 3, 4, 32, dtype=torch.float32), rand(3, 4, 32, seed=1, dtype=torch.float32)
+    monkeypatch.setattr(kernels, "c_library", lambda: lib)
+    torch.testing.assert_close(kernels.scaled_norm(y, g, 1e-6), _ScaledNorm.apply(y, g, 1e-6),
+                               atol=2e-6, rtol=2e-5)
 
 
 @pytest.mark.parametrize("shape", [(40, 3, 4, 32), (7, 2, 131)], ids=str)
