@@ -21,6 +21,7 @@ Attention, SwiGLU, Block and GPT up to forward; then param_groups and fold_scale
 optional: a dense model (n_experts=0) never builds one.
 """
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import NamedTuple, Optional
 
@@ -98,22 +99,24 @@ class Reparam(NamedTuple):
     # is no direction to learn), "scalar" (one per row). init: a number, or a function of
     # norm_eps. g must be exactly 1 at init (tests/test_variant_tables.py checks it).
     params: dict
-    g: callable   # the ScaleVector -> its effective vectors g, (rows, d)
+    # (raw parameters {name: (rows, d or 1)}, norm_eps, fast) -> the effective vectors g, (rows, d),
+    # row by row: GPT.vectors_at_once runs it on the rows of many vectors stacked
+    g: callable
 
 
-def plain_g(sv):
-    return sv.g
+def plain_g(p, eps, fast):
+    return p["g"]
 
 
-def or_g(sv):
+def or_g(p, eps, fast):
     """OR (paper 3.3): a magnitude beta times a unit-RMS direction Norm(alpha), in one operation
     (DNP's g * Norm(y): on a CPU, one call of kernels.c each way for all rows)."""
-    return scaled_norm(sv.alpha, sv.beta, sv.eps, sv.fast)
+    return scaled_norm(p["alpha"], p["beta"], eps, fast)
 
 
-def er_g(sv):
+def er_g(p, eps, fast):
     """ER (paper 3.3): exp(beta) * exp(alpha - mean(alpha))."""
-    return torch.exp(sv.beta + sv.alpha - sv.alpha.mean(-1, keepdim=True))
+    return torch.exp(p["beta"] + p["alpha"] - p["alpha"].mean(-1, keepdim=True))
 
 
 # paper 3.3: how a scale vector is parameterized; ScaleVector reads only this
@@ -300,7 +303,7 @@ class ScaleVector(nn.Module):
         if kind not in ("input", "output"):
             raise ValueError(f"ScaleVector: kind must be 'input' or 'output', not {kind!r}")
         self.kind, self.reparam, self.eps, self.names = kind, cfg.sv_reparam, cfg.norm_eps, names
-        self.fast = cfg.kernels
+        self.rows, self.width, self.fast, self.at_once = rows, d, cfg.kernels, None
         for name, (shape, init) in REPARAMS[self.reparam].params.items():
             value = init(cfg.norm_eps) if callable(init) else init
             raw = torch.full((rows, 1 if shape == "scalar" else d), float(value))
@@ -310,9 +313,16 @@ class ScaleVector(nn.Module):
             else:
                 self.register_parameter(name, nn.Parameter(raw))
 
+    def raw(self):
+        """{name: raw parameter}, as REPARAMS[sv_reparam].params names them."""
+        return {name: getattr(self, name) for name in REPARAMS[self.reparam].params}
+
     def forward(self):
-        """The effective vectors g, shape (rows, d)."""
-        return REPARAMS[self.reparam].g(self)
+        """The effective vectors g, shape (rows, d): inside GPT.forward, the ones it computed for
+        all vectors at once (GPT.vectors_at_once)."""
+        if self.at_once is not None:
+            return self.at_once
+        return REPARAMS[self.reparam].g(self.raw(), self.eps, self.fast)
 
 
 class ScaledLinear(nn.Module):
@@ -378,10 +388,11 @@ class ScaledLinear(nn.Module):
         groups = y.unflatten(-1, (self.n_split, -1, self.group))
         if self.g_out is None:   # dnp_novec: the Norm alone
             return norm(groups, self.eps, self.fast).flatten(-3)
-        # g_out (experts * blocks, width) -> (experts, blocks, 1 or groups, width <= group)
-        width = min(self.g_out_width, self.group)
-        g = self.g_out().view(self.n_expert or 1, self.n_split, -1, width)
-        g = g[0 if expert is None else expert]
+        # g_out (experts * blocks, width) -> ([experts,] blocks, 1 or groups, width <= group)
+        width, lead = min(self.g_out_width, self.group), (self.n_expert,) if self.n_expert else ()
+        g = self.g_out().view(*lead, self.n_split, -1, width)
+        if expert is not None:   # MoE: the g_out rows of `expert` (an index, or one per row of y)
+            g = g[expert]
         return scaled_norm(groups, g, self.eps, self.fast).flatten(-3)
 
 
@@ -641,12 +652,13 @@ class GPT(nn.Module):
         c, T = self.config, idx.size(1)
         if T > c.block_size:
             raise ValueError(f"sequence of {T} tokens is longer than block_size={c.block_size}")
-        rope = rope_table(c, T, idx.device)
-        x = self.wte(idx)
-        for block in self.blocks:
-            x = block(x, rope)
-        x = norm(x, c.norm_eps, c.kernels)
-        logits = self.head(x * self.g_final() if self.g_final is not None else x)
+        with self.vectors_at_once():
+            rope = rope_table(c, T, idx.device)
+            x = self.wte(idx)
+            for block in self.blocks:
+                x = block(x, rope)
+            x = norm(x, c.norm_eps, c.kernels)
+            logits = self.head(x * self.g_final() if self.g_final is not None else x)
         loss = None
         if targets is not None:   # padded rows take part in the softmax and learn to stay low
             loss = cross_entropy(logits.flatten(0, 1), targets.flatten(), c.kernels)
@@ -654,6 +666,33 @@ class GPT(nn.Module):
                 aux = sum(m.aux_loss for m in self.modules() if isinstance(m, MoE))
                 loss = loss + c.moe_aux_weight * aux
         return logits[..., : c.vocab_size], loss
+
+    @contextmanager
+    def vectors_at_once(self):
+        """Inside, every reparameterized scale vector (OR, ER) holds its g, computed for all the
+        model's vectors of one width in one operation: a REPARAMS g is row by row, so it can run
+        on their raw parameters stacked. Unified at 4 x 128: 2 operations each way in place of 17,
+        each of which cost more in calls than in arithmetic (issue 23)."""
+        c = self.config
+        svs = [m for m in self.modules() if isinstance(m, ScaleVector)]
+        if REPARAMS[c.sv_reparam].g is plain_g or not svs:   # g is the parameter: nothing to do
+            yield
+            return
+        by_width = {}
+        for sv in svs:
+            by_width.setdefault(sv.width, []).append(sv)
+        try:
+            for group in by_width.values():
+                raws = [sv.raw() for sv in group]
+                # each raw parameter of the group's vectors stacked: (their rows, width or 1)
+                stacked = {name: torch.cat([p[name] for p in raws]) for name in raws[0]}
+                g = REPARAMS[c.sv_reparam].g(stacked, c.norm_eps, c.kernels)
+                for sv, gi in zip(group, g.split([sv.rows for sv in group])):
+                    sv.at_once = gi
+            yield
+        finally:
+            for sv in svs:
+                sv.at_once = None
 
     # ---- scale vectors: classification, decay, telemetry, folding ------------------------
 

@@ -3,6 +3,7 @@
 test edit, and a failure names the entry. Each `check_*` is one property; the tests call them for
 every entry, and test_the_readme_checklist_on_toy_entries calls them for entries registered at
 runtime, as README's "Adding a scale-vector variant" says a fork adds them."""
+import contextlib
 import itertools
 import os
 from dataclasses import fields
@@ -146,6 +147,32 @@ def check_kernels_on_and_off_agree(reparam, placement):
             assert torch.allclose(ga[n], gb[n], atol=1e-6, rtol=1e-4), f"{label}: {n}"
 
 
+def check_vectors_at_once_are_each_vector_alone(reparam, placement):
+    """GPT.vectors_at_once runs a REPARAMS g on the raw parameters of many vectors stacked: every
+    vector's g and the gradients of its raw parameters are those of the vector alone (g is row by
+    row; a g that mixes rows fails here)."""
+    for label, kw in models(reparam, placement):
+        model = make(**kw)
+        randomize_scale_vectors(model)
+        svs = vectors(model)
+        weights = {n: torch.randn(sv().shape, generator=torch.Generator().manual_seed(i))
+                   for i, (n, sv) in enumerate(svs.items())}
+        runs = []
+        for at_once in (True, False):
+            model.zero_grad()
+            with model.vectors_at_once() if at_once else contextlib.nullcontext():
+                gs = {n: sv() for n, sv in svs.items()}
+            sum((gs[n] * weights[n]).sum() for n in gs).backward()
+            grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+            runs.append((gs, grads))
+        (ga, da), (gb, db) = runs
+        assert da.keys() == db.keys(), label
+        for n in ga:
+            torch.testing.assert_close(ga[n], gb[n], msg=f"{label}: {n}")
+        for n in da:
+            torch.testing.assert_close(da[n], db[n], msg=f"{label}: gradient of {n}")
+
+
 def check_export_refuses_exactly_what_cannot_fold(placement):
     """export_hf refuses a placement by its entry (a Norm follows the map), in one sentence naming
     it; it takes every placement that folds."""
@@ -201,6 +228,11 @@ def test_kernels_on_and_off_agree(entry):
     check_kernels_on_and_off_agree(*entry)
 
 
+@pytest.mark.parametrize("entry", entries(), ids=ids)
+def test_vectors_at_once_are_each_vector_alone(entry):
+    check_vectors_at_once_are_each_vector_alone(*entry)
+
+
 @pytest.mark.parametrize("placement", list(model_py.PLACEMENTS))
 def test_export_refuses_exactly_what_cannot_fold(placement):
     check_export_refuses_exactly_what_cannot_fold(placement)
@@ -217,9 +249,9 @@ def test_a_copy_of_a_placement_under_a_new_name_is_treated_as_the_original(monke
 
 # ---- the README checklist, followed mechanically ------------------------------------------------
 
-def softplus_g(sv):
+def softplus_g(p, eps, fast):
     """g = softplus(a) / softplus(0): 1 at a = 0."""
-    return F.softplus(sv.a) / F.softplus(torch.zeros((), dtype=sv.a.dtype))
+    return F.softplus(p["a"]) / F.softplus(torch.zeros((), dtype=p["a"].dtype))
 
 
 def test_the_readme_checklist_on_toy_entries(monkeypatch):
@@ -239,6 +271,7 @@ def test_the_readme_checklist_on_toy_entries(monkeypatch):
         check_no_vector_is_inert(reparam, placement)
         check_folding(reparam, placement)
         check_kernels_on_and_off_agree(reparam, placement)
+        check_vectors_at_once_are_each_vector_alone(reparam, placement)
         for policy in model_py.DECAY_POLICIES:
             check_decay_groups(reparam, placement, policy)
     check_export_refuses_exactly_what_cannot_fold("dp2")
