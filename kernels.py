@@ -1,5 +1,5 @@
 """
-Fast versions of four operations of model.py, as autograd functions with the backward written
+Fast versions of five operations of model.py, as autograd functions with the backward written
 out. model.py holds the plain PyTorch definition of each (the math, and the oracle of
 tests/test_kernels.py) and uses these by default; GPTConfig(kernels=False) trains on the plain
 definitions alone.
@@ -29,6 +29,9 @@ operations:
                      2x1024, interleaved in one process: the unified strategy's step time went
                      from 1.47-1.67x to 1.01-1.06x the baseline's (commit 52b2263).
 
+  output_norm_(y, g) scaled_norm (or norm, g None) of each group of y's last dimension: DNP's
+                     output side, in y's shape; see below for kernels.c's in-place version.
+
   swiglu(gate|up)    h = silu(gate) * up;  dgate = dh * up * silu'(gate),  dup = dh * silu(gate)
                      It keeps only gate|up; autograd would keep gate, silu(gate) and up.
 
@@ -40,12 +43,13 @@ operations:
                      CPU, bf16, batch 2x1024: peak RSS 4,446 -> 3,829 MB, step time about 0.8x
                      (commit 4abb067).
 
-All four compile with torch.compile(fullgraph=True) (tests/test_kernels.py).
+All of them compile with torch.compile(fullgraph=True) (tests/test_kernels.py).
 
 On a CPU in float32 (the CPU recipe), in eager mode, norm and scaled_norm run kernels.c: the same
 math in one pass each way (the statistic, the scaling and dg from one read of a row) in place of
 2-4 passes and a dozen small operations, which at 128 wide cost more than the matmuls around them
-(issue 23). norm is g * Norm(x) there with g = 1, the arithmetic of scaled_norm, so DNP's control
+(issue 23), on PyTorch's threads. output_norm_ (DNP's output side) writes its result over the
+map's output, which nothing else keeps: no second buffer, each row written back from cache. norm is g * Norm(x) there with g = 1, the arithmetic of scaled_norm, so DNP's control
 is DNP at g_out = 1 bit for bit. c_library() builds it on first use with the machine's C compiler
 and loads it through ctypes; where it cannot be built, the PyTorch ops above, with a warning.
 
@@ -123,29 +127,36 @@ class _ScaledNorm(torch.autograd.Function):
 
 class _ScaledNormC(torch.autograd.Function):
     """_ScaledNorm's math in kernels.c: one pass forward, one backward (CPU, float32, eager).
-    Every row of y is a group; g is expanded to the g_out rows of one token, P rows of D."""
+    y is taken as `shape` (..., D): every row of D is a group; g is expanded to the g_out rows of
+    one token, P rows of D. inplace=True writes the result over y (contiguous) and returns it: no
+    second buffer, and each row is written back while it is in cache (mark_dirty: autograd then
+    refuses a backward that would need y's old values)."""
 
     @staticmethod
-    def forward(ctx, y, g, eps):
-        y = y.contiguous()
-        ge = g.expand(y.shape[y.dim() - g.dim():]).contiguous()   # (..., D): P rows of g_out
-        D = y.size(-1)
-        out, r = torch.empty_like(y), y.new_empty(y.numel() // D)   # r: one per row
-        c_library().scaled_norm_forward(y.data_ptr(), ge.data_ptr(), out.data_ptr(), r.data_ptr(),
-                                        len(r), D, ge.numel() // D, eps)
-        ctx.g_shape = g.shape
+    def forward(ctx, y, g, eps, shape, inplace):
+        yv = (y if inplace else y.contiguous()).view(shape)
+        ge = g.expand(yv.shape[yv.dim() - g.dim():]).contiguous()   # (..., D): P rows of g_out
+        D = yv.size(-1)
+        out, r = yv if inplace else torch.empty_like(yv), yv.new_empty(yv.numel() // D)
+        c_library().scaled_norm_forward(yv.data_ptr(), ge.data_ptr(), out.data_ptr(),
+                                        r.data_ptr(), len(r), D, ge.numel() // D, eps)
+        ctx.g_shape, ctx.shape = g.shape, shape
+        if inplace:
+            ctx.mark_dirty(y)
+            out = y
         ctx.save_for_backward(out, ge, r)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        out, ge, r = ctx.saved_tensors
-        dout, D = dout.contiguous(), out.size(-1)
+        saved, ge, r = ctx.saved_tensors
+        out = saved.view(ctx.shape)
+        dout, D = dout.contiguous().view(out.shape), out.size(-1)
         dy, dg, inv_g = torch.empty_like(out), torch.empty_like(ge), torch.empty_like(ge)
         c_library().scaled_norm_backward(dout.data_ptr(), out.data_ptr(), ge.data_ptr(),
                                          inv_g.data_ptr(), r.data_ptr(), dy.data_ptr(),
                                          dg.data_ptr(), len(r), D, ge.numel() // D)
-        return dy, dg.sum_to_size(ctx.g_shape), None
+        return dy.view(saved.shape), dg.sum_to_size(ctx.g_shape), None, None, None
 
 
 class _SwiGLU(torch.autograd.Function):
@@ -200,15 +211,26 @@ def norm(x, eps):
     """Norm(x), no parameter. In kernels.c as g * Norm(x) with g = 1: the same arithmetic as
     scaled_norm's, so DNP's control (its Norm without g_out) is DNP at g_out = 1 bit for bit."""
     if in_c(x):
-        return _ScaledNormC.apply(x, x.new_ones(x.size(-1)), eps)
+        return _ScaledNormC.apply(x, x.new_ones(x.size(-1)), eps, x.shape, False)
     return _Norm.apply(x, eps)
 
 
 def scaled_norm(y, g, eps):
     """g * Norm(y), in y's dtype."""
     if in_c(y, g):
-        return _ScaledNormC.apply(y, g, eps)
+        return _ScaledNormC.apply(y, g, eps, y.shape, False)
     return _ScaledNorm.apply(y, g, eps)
+
+
+def output_norm_(y, g, groups, eps):
+    """g * Norm(.) of each group of y's last dimension (y (..., d) split as `groups`), in y's
+    shape; g None: the Norm alone. In kernels.c it overwrites y, which must then be a tensor
+    nothing else keeps (the fresh output of a linear map); elsewhere y is left as it is."""
+    if in_c(y) and y.is_contiguous() and (g is None or in_c(g)):
+        g = y.new_ones(groups[-1]) if g is None else g
+        return _ScaledNormC.apply(y, g, eps, (*y.shape[:-1], *groups), True)
+    yg = y.unflatten(-1, groups)
+    return (norm(yg, eps) if g is None else scaled_norm(yg, g, eps)).flatten(-len(groups))
 
 
 def swiglu(gate_up):

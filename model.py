@@ -52,6 +52,18 @@ def scaled_norm(y, g, eps, fast):
     return (g * norm(y, eps, fast=False)).to(y.dtype)
 
 
+def output_norm(y, g, groups, eps, fast):
+    """DNP's output side (paper 3.2): g * Norm(.) of each group of y's last dimension, y (..., d)
+    split as `groups` (blocks, groups per block, group), in y's shape; g None: the Norm alone
+    (dnp_novec). fast=True may overwrite y (kernels.c does: no second buffer), so y must be a
+    tensor nothing else keeps, the fresh output of a linear map."""
+    if fast:
+        return kernels.output_norm_(y, g, groups, eps)
+    yg = y.unflatten(-1, groups)   # (..., d) -> (..., blocks, groups per block, group)
+    out = norm(yg, eps, fast=False) if g is None else scaled_norm(yg, g, eps, fast=False)
+    return out.flatten(-len(groups))
+
+
 def swiglu(gate_up, fast):
     """silu(gate) * up (Shazeer 2020), from gate|up concatenated on the last dimension."""
     if fast:
@@ -380,20 +392,19 @@ class ScaledLinear(nn.Module):
 
     def output_side(self, y, expert=None):
         """What the placement does after the map: g_out * Norm(y) per group of outputs under DNP
-        (paper 3.2); nothing otherwise (DP's g_out is already in the weight). MoE: y comes from
-        `expert` (an index, or one per row of y), whose rows of g_out apply."""
+        (paper 3.2); nothing otherwise (DP's g_out is already in the weight). y: the map's fresh
+        output, which the Norm may overwrite (output_norm). MoE: y comes from `expert` (an index,
+        or one per row of y), whose rows of g_out apply."""
         if not self.placement.norm:
             return y
-        # (..., d_out) -> (..., blocks, groups per block, group): the Norm is per group
-        groups = y.unflatten(-1, (self.n_split, -1, self.group))
-        if self.g_out is None:   # dnp_novec: the Norm alone
-            return norm(groups, self.eps, self.fast).flatten(-3)
-        # g_out (experts * blocks, width) -> ([experts,] blocks, 1 or groups, width <= group)
-        width, lead = min(self.g_out_width, self.group), (self.n_expert,) if self.n_expert else ()
-        g = self.g_out().view(*lead, self.n_split, -1, width)
-        if expert is not None:   # MoE: the g_out rows of `expert` (an index, or one per row of y)
-            g = g[expert]
-        return scaled_norm(groups, g, self.eps, self.fast).flatten(-3)
+        groups, g = (self.n_split, -1, self.group), None   # the Norm is per group of outputs
+        if self.g_out is not None:   # (dnp_novec: the Norm alone)
+            # g_out (experts * blocks, width) -> ([experts,] blocks, 1 or groups, width <= group)
+            width = min(self.g_out_width, self.group)
+            g = self.g_out().view(*(self.n_expert,) if self.n_expert else (), *groups[:2], width)
+            if expert is not None:   # MoE: the g_out rows of `expert` (one, or one per row of y)
+                g = g[expert]
+        return output_norm(y, g, groups, self.eps, self.fast)
 
 
 class OutputNorm(nn.Module):

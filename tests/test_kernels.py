@@ -1,7 +1,8 @@
-"""kernels.py's hand-written backward passes (_Norm, _ScaledNorm, _SwiGLU, _CrossEntropy): the
-same values and gradients as model.py's plain definitions, exact gradients in float64, bf16
-accuracy against a float64 reference, the activation memory DNP saves for backward, and training
-with kernels=False matching kernels=True."""
+"""kernels.py's hand-written backward passes (_Norm, _ScaledNorm, _SwiGLU, _CrossEntropy) and
+kernels.c (_ScaledNormC, in place for DNP's output side): the same values and gradients as
+model.py's plain definitions, exact gradients in float64, bf16 accuracy against a float64
+reference, the activation memory DNP saves for backward, and training with kernels=False matching
+kernels=True."""
 import os
 import shutil
 import warnings
@@ -36,6 +37,18 @@ OPS = {
                                    lambda: (rand(3, 4, 2, 16),
                                             (1 + 0.5 * rand(3, 4, 2, 16, seed=1))
                                             .detach().requires_grad_())),
+    # y.clone(): a fresh tensor, as the map's output that output_norm overwrites
+    "output_norm (DNP's output side)": (
+        lambda y, g, fast: model.output_norm(y.clone(), g, (2, -1, 16), 1e-6, fast),
+        lambda: (rand(3, 4, 2 * 3 * 16), (1 + 0.5 * rand(2, 1, 16, seed=1)).detach()
+                 .requires_grad_())),
+    "output_norm, per row (MoE)": (
+        lambda y, g, fast: model.output_norm(y.clone(), g, (2, -1, 16), 1e-6, fast),
+        lambda: (rand(5, 2 * 16), (1 + 0.5 * rand(5, 2, 1, 16, seed=1)).detach()
+                 .requires_grad_())),
+    "output_norm, no g (dnp_novec)": (
+        lambda y, fast: model.output_norm(y.clone(), None, (3, -1, 8), 1e-6, fast),
+        lambda: (rand(3, 4, 3 * 2 * 8),)),
     "swiglu": (lambda x, fast: model.swiglu(x, fast), lambda: (rand(3, 4, 2 * 8),)),
     "cross_entropy": (lambda x, fast: model.cross_entropy(
                           x, torch.tensor([3, -1, 0, 10, 5, -1, 2]), fast),
@@ -90,17 +103,16 @@ def test_training_on_the_plain_code_matches_the_kernels(kw):
 
 
 def test_the_switch_reaches_every_kernel(monkeypatch):
-    """kernels=False calls none of kernels.py; kernels=True calls each of the four."""
-    calls = []
-    for name in ("norm", "scaled_norm", "swiglu", "cross_entropy"):
+    """kernels=False calls none of kernels.py; kernels=True calls each of the five."""
+    calls, names = [], {"norm", "scaled_norm", "output_norm_", "swiglu", "cross_entropy"}
+    for name in names:
         monkeypatch.setattr(
             kernels, name,
             lambda *a, _f=getattr(kernels, name), _n=name: calls.append(_n) or _f(*a))
     for fast in (False, True):
         calls.clear()
-        train_losses(steps=1, sv_placement="dnp", kernels=fast)
-        assert set(calls) == (set() if not fast
-                              else {"norm", "scaled_norm", "swiglu", "cross_entropy"})
+        train_losses(steps=1, sv_placement="dnp", sv_reparam="or", kernels=fast)
+        assert set(calls) == (names if fast else set())
 
 
 def test_norm_gradient_is_exact():
@@ -239,6 +251,19 @@ def test_without_openmp_the_c_kernel_runs_on_one_thread(monkeypatch, tmp_path):
     monkeypatch.setattr(kernels, "c_library", lambda: lib)
     torch.testing.assert_close(kernels.scaled_norm(y, g, 1e-6), _ScaledNorm.apply(y, g, 1e-6),
                                atol=2e-6, rtol=2e-5)
+
+
+def test_the_output_norm_overwrites_the_map_output_only_where_autograd_allows_it():
+    """kernels.c writes DNP's g * Norm over the linear map's output (no second buffer); a tensor
+    that autograd keeps for a backward (exp keeps its result) cannot be overwritten unnoticed: the
+    backward refuses."""
+    needs_c()
+    y = rand(6, 2 * 32, dtype=torch.float32).clone()
+    out = kernels.output_norm_(y, torch.ones(2, 1, 32), (2, -1, 32), 1e-6)
+    assert out.data_ptr() == y.data_ptr() and type(out.grad_fn).__name__ == "_ScaledNormCBackward"
+    kept = rand(6, 2 * 32, dtype=torch.float32).exp()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        kernels.output_norm_(kept, None, (2, -1, 32), 1e-6).sum().backward()
 
 
 @pytest.mark.parametrize("shape", [(40, 3, 4, 32), (7, 2, 131)], ids=str)
