@@ -49,9 +49,10 @@ On a CPU in float32 (the CPU recipe), in eager mode, norm and scaled_norm run ke
 math in one pass each way (the statistic, the scaling and dg from one read of a row) in place of
 2-4 passes and a dozen small operations, which at 128 wide cost more than the matmuls around them
 (issue 23), on PyTorch's threads. output_norm_ (DNP's output side) writes its result over the
-map's output, which nothing else keeps: no second buffer, each row written back from cache. norm is g * Norm(x) there with g = 1, the arithmetic of scaled_norm, so DNP's control
-is DNP at g_out = 1 bit for bit. c_library() builds it on first use with the machine's C compiler
-and loads it through ctypes; where it cannot be built, the PyTorch ops above, with a warning.
+map's output, which nothing else keeps: no second buffer, each row written back from cache. norm
+is g * Norm(x) there with g = 1, the arithmetic of scaled_norm, so DNP's control is DNP at
+g_out = 1 bit for bit. c_library() builds it on first use with the machine's C compiler and loads
+it through ctypes; where it cannot be built, the PyTorch ops above, with a warning.
 
 And one setting of the C allocator, retain_freed_memory(): on a CPU the step time of these small
 models was set less by arithmetic than by page faults (issue 23).
