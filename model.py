@@ -326,8 +326,16 @@ class ScaleVector(nn.Module):
                 self.register_parameter(name, nn.Parameter(raw))
 
     def raw(self):
-        """{name: raw parameter}, as REPARAMS[sv_reparam].params names them."""
-        return {name: getattr(self, name) for name in REPARAMS[self.reparam].params}
+        """{name: raw parameter (or fixed buffer)}, as REPARAMS[sv_reparam].params names them. (From
+        nn.Module's own tables: getattr's lookup costs microseconds, paid every forward.)"""
+        tensors = {**self._parameters, **self._buffers}
+        return {name: tensors[name] for name in REPARAMS[self.reparam].params}
+
+    def hold(self, g):
+        """Set (or, with None, clear) the g that forward returns (GPT.vectors_at_once). Past
+        nn.Module.__setattr__, which looks for a parameter or module of that name first: 5 us a
+        call, twice per vector and forward."""
+        object.__setattr__(self, "at_once", g)
 
     def forward(self):
         """The effective vectors g, shape (rows, d): inside GPT.forward, the ones it computed for
@@ -699,11 +707,11 @@ class GPT(nn.Module):
                 stacked = {name: torch.cat([p[name] for p in raws]) for name in raws[0]}
                 g = REPARAMS[c.sv_reparam].g(stacked, c.norm_eps, c.kernels)
                 for sv, gi in zip(group, g.split([sv.rows for sv in group])):
-                    sv.at_once = gi
+                    sv.hold(gi)
             yield
         finally:
             for sv in svs:
-                sv.at_once = None
+                sv.hold(None)
 
     # ---- scale vectors: classification, decay, telemetry, folding ------------------------
 
