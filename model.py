@@ -408,8 +408,9 @@ class ScaledLinear(nn.Module):
         groups, g = (self.n_split, -1, self.group), None   # the Norm is per group of outputs
         if self.g_out is not None:   # (dnp_novec: the Norm alone)
             # g_out (experts * blocks, width) -> ([experts,] blocks, 1 or groups, width <= group)
+            lead = (self.n_expert,) if self.n_expert else ()
             width = min(self.g_out_width, self.group)
-            g = self.g_out().view(*(self.n_expert,) if self.n_expert else (), *groups[:2], width)
+            g = self.g_out().view(*lead, self.n_split, -1, width)
             if expert is not None:   # MoE: the g_out rows of `expert` (one, or one per row of y)
                 g = g[expert]
         return output_norm(y, g, groups, self.eps, self.fast)
