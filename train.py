@@ -108,14 +108,18 @@ def file_id(path):
     return st.st_ino, st.st_size, st.st_mtime_ns
 
 
+def changed(path):
+    sys.exit(f"error: {path} changed under the running trainer (cut short, replaced or "
+             "removed): restore it as it was, then continue from the last checkpoint with "
+             "--init_from=resume")
+
+
 def split_tokens(split):
     """The split's tokens; a file changed since check_split (truncated, prepared again) is one
     sentence."""
     path = os.path.join(data_dir, f"{split}.bin")
     if split in token_files and file_id(path) != token_files[split]:
-        sys.exit(f"error: {path} changed under the running trainer (cut short, replaced or "
-                 "removed): restore it as it was, then continue from the last checkpoint with "
-                 "--init_from=resume")
+        changed(path)
     # a new memmap each time: a long-lived one grows the process's memory (nanoGPT's note)
     return np.memmap(path, dtype=np.uint16, mode="r")
 
@@ -154,10 +158,18 @@ for split in ("train", "val"):
     check_split(split)
 
 
-def batch_at(data, starts):
-    x = np.stack([data[i : i + block_size] for i in starts]).astype(np.int64)
-    y = np.stack([data[i + 1 : i + 1 + block_size] for i in starts]).astype(np.int64)
-    check_ids(data.filename, max(x.max(), y.max()))
+def batch_at(split, starts):
+    """x, y: the rows of block_size + 1 tokens of the split at `starts`, y shifted by one. Read with
+    pread, not through a memmap: a file cut short after split_tokens looked at it gives a short
+    read, one sentence, where reading a memmap would kill the process with SIGBUS and no message."""
+    path, n = os.path.join(data_dir, f"{split}.bin"), block_size + 1
+    with open(path, "rb") as f:
+        raw = [os.pread(f.fileno(), 2 * n, 2 * int(i)) for i in starts]
+    if any(len(r) < 2 * n for r in raw):
+        changed(path)
+    rows = np.frombuffer(b"".join(raw), dtype=np.uint16).reshape(len(starts), n).astype(np.int64)
+    x, y = np.ascontiguousarray(rows[:, :-1]), np.ascontiguousarray(rows[:, 1:])
+    check_ids(path, rows.max())
     x, y = torch.from_numpy(x), torch.from_numpy(y)
     if device_type == "cuda":
         return (x.pin_memory().to(device, non_blocking=True),
@@ -171,7 +183,7 @@ def train_batch(step, micro):
     same data."""
     data = split_tokens("train")
     rng = np.random.default_rng([seed, step, micro * world_size + rank])
-    return batch_at(data, rng.integers(0, len(data) - block_size - 1, size=batch_size))
+    return batch_at("train", rng.integers(0, len(data) - block_size - 1, size=batch_size))
 
 
 def eval_batches(split):
@@ -179,7 +191,7 @@ def eval_batches(split):
     data = split_tokens(split)
     starts = np.linspace(0, len(data) - block_size - 1, eval_iters * batch_size).astype(np.int64)
     for k in range(rank, eval_iters, world_size):   # shared out over processes, summed below
-        yield batch_at(data, starts[k * batch_size : (k + 1) * batch_size])
+        yield batch_at(split, starts[k * batch_size : (k + 1) * batch_size])
 
 
 # ---- model, optimizer, checkpoint ------------------------------------------------------
