@@ -11,6 +11,8 @@ Speed and memory of a training step, for a config of train.py; side by side for 
     python bench.py config/shakespeare_char.py --compare=dtype=bfloat16,compile=True
     python bench.py config/baseline_124m.py --device=cpu --compare=config/unified_124m.py \
         --interleave=True
+    # where a step's time goes: torch.profiler's ops by self CPU time per step, and their calls
+    python bench.py config/unified_char.py --profile=True
 
 A step is forward, backward, gradient clipping and an AdamW step on random tokens (no data
 needed); AdamW is fused where train.py fuses it (CUDA, CPU), and for the gpt2 reference where
@@ -57,7 +59,9 @@ defaults = {**DEFAULTS, "vocab_size": GPTConfig.vocab_size,
             # "gpt2": a GPT-2 (nanoGPT) model of the same sizes instead of ours
             "arch": "llama",
             # print one JSON line (what --compare reads from its children)
-            "json": False}
+            "json": False,
+            # torch.profiler over the measured steps: the ops by self CPU time, calls per step
+            "profile": False}
 
 
 # train.py keys that a benchmark step uses; it times one micro-step of fused AdamW on random tokens,
@@ -221,6 +225,26 @@ def measure(cfg):
             "device": device, "dtype": dtype}
 
 
+def profile_step(cfg, top=20):
+    """The `top` operations by self CPU time per step over `steps` steps after the warmup
+    (torch.profiler: ATen ops and autograd functions, the profiler's own cost included, so compare
+    configurations within one session), with their calls per step; then the totals."""
+    from torch.profiler import ProfilerActivity, profile
+    _, step, _ = build(cfg)
+    for _ in range(cfg["warmup"]):
+        step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(cfg["steps"]):
+            step()
+    n, events = cfg["steps"], prof.key_averages()
+    print("| op | self CPU ms/step | calls/step |")
+    print("|---|---|---|")
+    for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]:
+        print(f"| {e.key} | {e.self_cpu_time_total / n / 1000:.2f} | {e.count / n:g} |")
+    print(f"| all {len(events)} | {sum(e.self_cpu_time_total for e in events) / n / 1000:.1f} "
+          f"| {sum(e.count for e in events) / n:g} |")
+
+
 def compared_runs(argv, cfg):
     """{name: argv} for the base configuration and each one of --compare."""
     base_files = [a for a in argv if not a.startswith("--")]
@@ -316,6 +340,9 @@ def check(argv):
     (ConfigError otherwise)."""
     refuse_ignored(argv)
     cfg = configure(defaults, argv, BENCH_RULES)
+    if cfg["profile"] and cfg["compare"]:
+        raise ConfigError("--profile=True profiles one configuration: drop --compare and profile "
+                          "each configuration in turn")
     for name, args in (compared_runs(argv, cfg) if cfg["compare"] else {"base": argv}).items():
         try:
             c = configure(defaults, args, BENCH_RULES)
@@ -332,7 +359,9 @@ if __name__ == "__main__":
         cfg = check(argv)
     except ConfigError as e:
         sys.exit(f"error: {e}")
-    if cfg["compare"]:
+    if cfg["profile"]:
+        profile_step(cfg)
+    elif cfg["compare"]:
         (interleave if cfg["interleave"] else compare)(compared_runs(argv, cfg), cfg)
     else:
         r = measure(cfg)

@@ -10,9 +10,11 @@ import pytest
 
 import bench as bench_py
 import gpu_check
+import kernels
 from configurator import ConfigError
 from conftest import ROOT
 from helpers import ENV, records, train
+from model import VARIANTS
 from train_defaults import DEFAULTS
 
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=2",
@@ -55,6 +57,26 @@ def test_bench_interleaves_configurations_in_one_process():
     # MFU against a known peak only, memory on CUDA only
     assert table["gpt2"]["MFU"] == table["gpt2"]["step mem (MB)"] == "—"
     assert table["base"]["x base by round"] == "1.000-1.000"
+
+
+def profiled_calls(capsys, argv):
+    """{op: calls per step} from bench.py --profile=True's table, every op listed."""
+    bench_py.profile_step(bench_py.check([*TINY, "--dataset=none", *argv]), top=10**6)
+    rows = [line.split("|") for line in capsys.readouterr().out.splitlines()[2:]]
+    return {r[1].strip(): float(r[3]) for r in rows}
+
+
+def test_the_profile_counts_the_c_calls_of_a_step(capsys):
+    """--profile=True counts what BENCHMARKS.md's profiles say of kernels.c at 2 layers: the
+    baseline's Input-Norms (2 a layer and the final one); unified adds DNP's q|k|v and gate|up of
+    each layer, and its 9 OR vectors of two widths take one call per width, not one each."""
+    if kernels.c_library() is None:
+        pytest.skip("no C compiler: no kernels.c calls to count")
+    base = profiled_calls(capsys, [])
+    unified = profiled_calls(capsys, [f"--{k}={v}" for k, v in VARIANTS["unified"].items()
+                                      if k != "sv_weight_decay"])   # (no optimizer groups here)
+    assert base["_ScaledNormC"] == 5 and base["_ScaledNormCBackward"] == 5
+    assert unified["_ScaledNormC"] == 5 + 2 * 2 + 2 and unified["_ScaledNormCBackward"] == 11
 
 
 def test_the_spread_is_of_the_ratios_round_by_round():
