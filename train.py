@@ -114,21 +114,23 @@ def changed(path):
              "--init_from=resume")
 
 
-def split_tokens(split):
-    """The split's tokens; a file changed since check_split (truncated, prepared again) is one
-    sentence."""
-    path = os.path.join(data_dir, f"{split}.bin")
-    if split in token_files and file_id(path) != token_files[split]:
-        changed(path)
-    # a new memmap each time: a long-lived one grows the process's memory (nanoGPT's note)
-    return np.memmap(path, dtype=np.uint16, mode="r")
+def token_path(split):
+    return os.path.join(data_dir, f"{split}.bin")
+
+
+def split_len(split):
+    """The split's number of tokens, as check_split found it; a file changed since (truncated,
+    prepared again) is one sentence."""
+    if file_id(token_path(split)) != token_files[split]:
+        changed(token_path(split))
+    return token_files[split][1] // 2   # uint16 tokens: two bytes each
 
 
 def check_split(split):
     """At start, for both splits (a val split too short for block_size would otherwise fail only at
     the first eval): the file exists, holds more than block_size + 1 tokens, and no id beyond the
     vocabulary."""
-    path = os.path.join(data_dir, f"{split}.bin")
+    path = token_path(split)
     if not os.path.isfile(path) or os.path.getsize(path) == 0:
         sys.exit(f"error: {path} is {'empty' if os.path.isfile(path) else 'missing'}: prepare the "
                  "dataset again (python prepare_data.py ...)")
@@ -136,7 +138,7 @@ def check_split(split):
         sys.exit(f"error: {path} has an odd number of bytes ({os.path.getsize(path):,}): it is "
                  "cut short or not uint16 tokens; prepare the dataset again")
     token_files[split] = file_id(path)
-    data = split_tokens(split)
+    data = np.memmap(path, dtype=np.uint16, mode="r")   # read once here; batches use pread
     if len(data) <= block_size + 1:
         sys.exit(f"error: {path} has {len(data)} tokens, not more than block_size={block_size} "
                  "+ 1: lower --block_size or prepare more text")
@@ -160,9 +162,9 @@ for split in ("train", "val"):
 
 def batch_at(split, starts):
     """x, y: the rows of block_size + 1 tokens of the split at `starts`, y shifted by one. Read with
-    pread, not through a memmap: a file cut short after split_tokens looked at it gives a short
-    read, one sentence, where reading a memmap would kill the process with SIGBUS and no message."""
-    path, n = os.path.join(data_dir, f"{split}.bin"), block_size + 1
+    pread, not through a memmap: a file cut short after split_len looked at it gives a short read,
+    one sentence, where reading a memmap would kill the process with SIGBUS and no message."""
+    path, n = token_path(split), block_size + 1
     with open(path, "rb") as f:
         raw = [os.pread(f.fileno(), 2 * n, 2 * int(i)) for i in starts]
     if any(len(r) < 2 * n for r in raw):
@@ -181,15 +183,14 @@ def train_batch(step, micro):
     """Micro-batch `micro` of this process at `step`: a pure function of (seed, step, global
     micro-batch), so a resumed run, and any split of the same global batch over processes, sees the
     same data."""
-    data = split_tokens("train")
     rng = np.random.default_rng([seed, step, micro * world_size + rank])
-    return batch_at("train", rng.integers(0, len(data) - block_size - 1, size=batch_size))
+    return batch_at("train", rng.integers(0, split_len("train") - block_size - 1, size=batch_size))
 
 
 def eval_batches(split):
     """eval_iters batches at evenly spaced, fixed offsets: identical for every run and variant."""
-    data = split_tokens(split)
-    starts = np.linspace(0, len(data) - block_size - 1, eval_iters * batch_size).astype(np.int64)
+    starts = np.linspace(0, split_len(split) - block_size - 1,
+                         eval_iters * batch_size).astype(np.int64)
     for k in range(rank, eval_iters, world_size):   # shared out over processes, summed below
         yield batch_at(split, starts[k * batch_size : (k + 1) * batch_size])
 
