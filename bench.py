@@ -40,7 +40,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from configurator import TRAIN_RULES, ConfigError, at_least, check_device, configure, one_of
-from kernels import retain_freed_memory
 from model import GPT, GPTConfig, default_device, peak_flops
 from train_defaults import DEFAULTS
 
@@ -168,13 +167,13 @@ def model_config(cfg, argv=()):
 def build(cfg):
     """The configured model and a function that runs one training step on it (synchronized)."""
     device = cfg["device"] or default_device()
-    if device == "cpu":
-        retain_freed_memory()   # as train.py
     dtype = cfg["dtype"] or ("bfloat16" if device.startswith("cuda") else "float32")
     gcfg = model_config(cfg)
     vocab = gcfg.vocab_size
     torch.manual_seed(0)
     model = (GPT2(gcfg) if cfg["arch"] == "gpt2" else GPT(gcfg)).to(device)
+    if dtype == "float64":   # as train.py: a reference run
+        model.double()
     # as train.py: the fused AdamW on CUDA and CPU; the reference as nanoGPT: fused on CUDA only
     fused = device.startswith("cuda") or (device == "cpu" and cfg["arch"] != "gpt2")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)

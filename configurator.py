@@ -173,12 +173,12 @@ TRAIN_RULES = {
     "wsd_decay_frac": fraction(hi_open=False), "wsd_shape": one_of("linear", "1-sqrt"),
     "device": (lambda v: DEVICE.fullmatch(v) is not None,
                "'' (pick one), 'cpu', 'cuda', 'cuda:N' or 'mps'"),
-    "dtype": one_of("", "float32", "bfloat16"), "mfu_peak_flops": at_least(0),
+    "dtype": one_of("", "float32", "bfloat16", "float64"), "mfu_peak_flops": at_least(0),
     "overwrite": boolean, "resume_fallback": boolean, "compile": boolean,
     "seed": (lambda v: 0 <= v < 2**63, "in [0, 2**63)"),   # numpy takes no negative seed
     # the model's keys (model.GPTConfig's fields); GPTConfig also checks how they combine
     "mlp_hidden": at_least(0), "rope_theta": above(0), "norm_eps": above(0),
-    "tie_embeddings": boolean, "kernels": boolean, "scale_vectors": boolean, "sv_hetero": boolean,
+    "tie_embeddings": boolean, "scale_vectors": boolean, "sv_hetero": boolean,
     "qk_norm": boolean, "post_norm": boolean,
     "sv_placement": model_table("PLACEMENTS"), "sv_reparam": model_table("REPARAMS"),
     "sv_dnp_width": model_table("DNP_WIDTHS"),

@@ -21,7 +21,6 @@ Attention, SwiGLU, Block and GPT up to forward; then param_groups and fold_scale
 optional: a dense model (n_experts=0) never builds one.
 """
 import math
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import NamedTuple, Optional
 
@@ -29,54 +28,40 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import kernels
 
+# ---- the operations: plain PyTorch, what runs everywhere (speed: torch.compile) ----------------
 
-# ---- the operations: plain definitions; fast=True runs kernels.py's version (same values, less
-# memory). `fast` is always passed: every module reads it from GPTConfig.kernels, so no module can
-# bypass kernels=False by a default.
-
-def norm(x, eps, fast):
-    """Norm(x) = x / sqrt(mean(x^2) + eps) over the last dimension, no parameter."""
-    if fast:
-        return kernels.norm(x, eps)
-    xf = x.float() if x.element_size() < 4 else x   # the statistic in at least float32 (Llama)
+def norm(x, eps):
+    """Norm(x) = x / sqrt(mean(x^2) + eps) over the last dimension, no parameter; the statistic in
+    at least float32 (Llama)."""
+    xf = x.float() if x.element_size() < 4 else x
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-def scaled_norm(y, g, eps, fast):
+def scaled_norm(y, g, eps):
     """g * Norm(y), DNP's output side (paper 3.2), in y's dtype; g broadcasts over y's leading
     dimensions."""
-    if fast:
-        return kernels.scaled_norm(y, g, eps)
-    return (g * norm(y, eps, fast=False)).to(y.dtype)
+    return (g * norm(y, eps)).to(y.dtype)
 
 
-def output_norm(y, g, groups, eps, fast):
+def output_norm(y, g, groups, eps):
     """DNP's output side (paper 3.2): g * Norm(.) of each group of y's last dimension, y (..., d)
     split as `groups` (blocks, groups per block, group), in y's shape; g None: the Norm alone
-    (dnp_novec). fast=True may overwrite y (kernels.c does: no second buffer), so y must be a
-    tensor nothing else keeps, the fresh output of a linear map."""
-    if fast:
-        return kernels.output_norm_(y, g, groups, eps)
+    (dnp_novec)."""
     yg = y.unflatten(-1, groups)   # (..., d) -> (..., blocks, groups per block, group)
-    out = norm(yg, eps, fast=False) if g is None else scaled_norm(yg, g, eps, fast=False)
+    out = norm(yg, eps) if g is None else scaled_norm(yg, g, eps)
     return out.flatten(-len(groups))
 
 
-def swiglu(gate_up, fast):
+def swiglu(gate_up):
     """silu(gate) * up (Shazeer 2020), from gate|up concatenated on the last dimension."""
-    if fast:
-        return kernels.swiglu(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
 
 
-def cross_entropy(logits, targets, fast):
+def cross_entropy(logits, targets):
     """Mean cross-entropy of logits (N, V) over the targets (N,) that are not -1, in at least
     float32."""
-    if fast:
-        return kernels.cross_entropy(logits, targets)
     logits = logits.float() if logits.element_size() < 4 else logits
     return F.cross_entropy(logits, targets, ignore_index=-1)
 
@@ -111,22 +96,20 @@ class Reparam(NamedTuple):
     # is no direction to learn), "scalar" (one per row). init: a number, or a function of
     # norm_eps. g must be exactly 1 at init (tests/test_variant_tables.py checks it).
     params: dict
-    # (raw parameters {name: (rows, d or 1)}, norm_eps, fast) -> the effective vectors g, (rows, d),
-    # row by row: GPT.vectors_at_once runs it on the rows of many vectors stacked
+    # (raw parameters {name: (rows, d or 1)}, norm_eps) -> the effective vectors g, (rows, d)
     g: callable
 
 
-def plain_g(p, eps, fast):
+def plain_g(p, eps):
     return p["g"]
 
 
-def or_g(p, eps, fast):
-    """OR (paper 3.3): a magnitude beta times a unit-RMS direction Norm(alpha), in one operation
-    (DNP's g * Norm(y): on a CPU, one call of kernels.c each way for all rows)."""
-    return scaled_norm(p["alpha"], p["beta"], eps, fast)
+def or_g(p, eps):
+    """OR (paper 3.3): a magnitude beta times a unit-RMS direction Norm(alpha)."""
+    return scaled_norm(p["alpha"], p["beta"], eps)
 
 
-def er_g(p, eps, fast):
+def er_g(p, eps):
     """ER (paper 3.3): exp(beta) * exp(alpha - mean(alpha))."""
     return torch.exp(p["beta"] + p["alpha"] - p["alpha"].mean(-1, keepdim=True))
 
@@ -214,9 +197,6 @@ class GPTConfig:
     tie_embeddings: bool = True
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
-    # kernels.py's hand-written backward passes (same values); False: model.py's plain code. Every
-    # module passes it to the operations as `fast`
-    kernels: bool = True
     # scale vectors: one flag per variant (DESIGN.md)
     scale_vectors: bool = True   # False: every norm is parameter-free (paper Fig. 1 ablation)
     sv_hetero: bool = False      # HG, paper 3.1: one g_in per branch (q, k, v; gate, up)
@@ -315,7 +295,7 @@ class ScaleVector(nn.Module):
         if kind not in ("input", "output"):
             raise ValueError(f"ScaleVector: kind must be 'input' or 'output', not {kind!r}")
         self.kind, self.reparam, self.eps, self.names = kind, cfg.sv_reparam, cfg.norm_eps, names
-        self.rows, self.width, self.fast, self.at_once = rows, d, cfg.kernels, None
+        self.rows, self.width = rows, d
         for name, (shape, init) in REPARAMS[self.reparam].params.items():
             value = init(cfg.norm_eps) if callable(init) else init
             raw = torch.full((rows, 1 if shape == "scalar" else d), float(value))
@@ -325,24 +305,10 @@ class ScaleVector(nn.Module):
             else:
                 self.register_parameter(name, nn.Parameter(raw))
 
-    def raw(self):
-        """{name: raw parameter (or fixed buffer)}, as REPARAMS[sv_reparam].params names them. (From
-        nn.Module's own tables: getattr's lookup costs microseconds, paid every forward.)"""
-        tensors = {**self._parameters, **self._buffers}
-        return {name: tensors[name] for name in REPARAMS[self.reparam].params}
-
-    def hold(self, g):
-        """Set (or, with None, clear) the g that forward returns (GPT.vectors_at_once). Past
-        nn.Module.__setattr__, which looks for a parameter or module of that name first: 5 us a
-        call, twice per vector and forward."""
-        object.__setattr__(self, "at_once", g)
-
     def forward(self):
-        """The effective vectors g, shape (rows, d): inside GPT.forward, the ones it computed for
-        all vectors at once (GPT.vectors_at_once)."""
-        if self.at_once is not None:
-            return self.at_once
-        return REPARAMS[self.reparam].g(self.raw(), self.eps, self.fast)
+        """The effective vectors g, shape (rows, d)."""
+        raw = {name: getattr(self, name) for name in REPARAMS[self.reparam].params}
+        return REPARAMS[self.reparam].g(raw, self.eps)
 
 
 class ScaledLinear(nn.Module):
@@ -363,7 +329,7 @@ class ScaledLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(*lead, d_out, d_in))   # GPT._init_weights draws it
         n_split = max(len(branches), 1)
         self.n_expert, self.n_split, self.n_blocks = n_expert, n_split, max(n_expert, 1) * n_split
-        self.eps, self.fast = cfg.norm_eps, cfg.kernels
+        self.eps = cfg.norm_eps
         names = branches if n_split > 1 else None
         if n_expert and names:   # one row per expert and branch: "3.gate"
             names = tuple(f"{e}.{n}" for e in range(n_expert) for n in names)
@@ -401,7 +367,7 @@ class ScaledLinear(nn.Module):
     def output_side(self, y, expert=None):
         """What the placement does after the map: g_out * Norm(y) per group of outputs under DNP
         (paper 3.2); nothing otherwise (DP's g_out is already in the weight). y: the map's fresh
-        output, which the Norm may overwrite (output_norm). MoE: y comes from `expert` (an index,
+        output. MoE: y comes from `expert` (an index,
         or one per row of y), whose rows of g_out apply."""
         if not self.placement.norm:
             return y
@@ -413,7 +379,7 @@ class ScaledLinear(nn.Module):
             g = self.g_out().view(*lead, self.n_split, -1, width)
             if expert is not None:   # MoE: the g_out rows of `expert` (one, or one per row of y)
                 g = g[expert]
-        return output_norm(y, g, groups, self.eps, self.fast)
+        return output_norm(y, g, groups, self.eps)
 
 
 class OutputNorm(nn.Module):
@@ -432,21 +398,24 @@ class OutputNorm(nn.Module):
 
 # ---- attention, SwiGLU, MoE ----------------------------------------------------------------------
 
-def rope_table(cfg, T, device):
+def rope_table(cfg, T, device, dtype):
     """e^(i t theta_j) for position t < T and pair j of a head, shaped to broadcast over
-    (B, T, q|k, H, hd/2). Computed per forward (T * hd/2 numbers), not kept as a buffer that
-    model.to(dtype) would cast."""
-    hd = cfg.n_embd // cfg.n_head
-    freqs = cfg.rope_theta ** (-torch.arange(0, hd, 2, dtype=torch.float32, device=device) / hd)
-    angles = torch.outer(torch.arange(T, dtype=torch.float32, device=device), freqs)   # (T, hd/2)
-    return torch.polar(torch.ones_like(angles), angles)[:, None, None, :]
+    (B, T, q|k, H, hd/2), complex in the model's dtype. Computed in float64 (but on MPS, which has
+    none), so every CPU gets the same table: float32 sin and cos round differently with the
+    vector width. Per forward (T * hd/2 numbers), not a buffer that model.to(dtype) would cast."""
+    hd, acc = cfg.n_embd // cfg.n_head, torch.float32 if device.type == "mps" else torch.float64
+    freqs = cfg.rope_theta ** (-torch.arange(0, hd, 2, dtype=acc, device=device) / hd)
+    angles = torch.outer(torch.arange(T, dtype=acc, device=device), freqs)   # (T, hd/2)
+    rope = torch.polar(torch.ones_like(angles), angles)
+    return rope.to(torch.complex128 if dtype == torch.float64 else torch.complex64)[:, None, None]
 
 
 def apply_rope(x, rope):
     """RoPE: rotate each pair of adjacent channels (a complex number) by a position-dependent
     angle. x: (B, T, ..., hd), here q and k together; one complex multiply is the cheapest form on
     a CPU."""
-    z = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))   # (B, T, ..., hd/2) complex
+    xf = x.float() if x.element_size() < 4 else x   # float64 stays float64
+    z = torch.view_as_complex(xf.unflatten(-1, (-1, 2)))   # (B, T, ..., hd/2) complex
     return torch.view_as_real(z * rope).flatten(-2).to(x.dtype)
 
 
@@ -483,10 +452,9 @@ class SwiGLU(nn.Module):
         self.gate_up = ScaledLinear(cfg.n_embd, 2 * hidden, cfg, branches=("gate", "up"),
                                     own_g_in=own_g_in)
         self.down = nn.Linear(hidden, cfg.n_embd, bias=False)   # writes into the residual stream
-        self.fast = cfg.kernels
 
     def forward(self, xn, g_in=None):
-        return self.down(swiglu(self.gate_up(xn, g_in), self.fast))
+        return self.down(swiglu(self.gate_up(xn, g_in)))
 
 
 class MoE(nn.Module):
@@ -517,14 +485,14 @@ class MoE(nn.Module):
         self.load, self.last_load, self.aux_loss = None, None, None
         # "loop" | "grouped" (torch._grouped_mm); None: grouped on CUDA in bf16, else loop
         self.impl = None
-        self.fast = cfg.kernels
 
     def route(self, x):
         """x (N, d) -> expert ids (N, k), gates (N, k) that sum to 1 (k > 1), scores (N, E); all in
-        fp32."""
+        at least fp32."""
         with torch.autocast(x.device.type, enabled=False):
             W = self.router.effective_weight(self.g_in() if self.g_in is not None else None)
-            logits = F.linear(x.float(), W.float())
+            acc = torch.promote_types(x.dtype, torch.float32)   # float32, or float64
+            logits = F.linear(x.to(acc), W.to(acc))
         scores = logits.softmax(-1) if self.router_fn == "softmax" else logits.sigmoid()
         # the bias only chooses
         ids = torch.topk(scores + self.expert_bias.float(), self.k, dim=-1).indices
@@ -561,11 +529,11 @@ class MoE(nn.Module):
         if impl == "grouped":   # one grouped GEMM per projection; the groups are the experts' rows
             offs = counts.cumsum(0).int()
             mm = lambda a, w: torch._grouped_mm(a.to(dt), w.to(dt).transpose(-2, -1), offs=offs)
-            return mm(swiglu(self.experts.output_side(mm(xs, W), expert), self.fast), self.down)
+            return mm(swiglu(self.experts.output_side(mm(xs, W), expert)), self.down)
         y = []                  # an expert with no token runs on an empty slice
         parts = zip(xs.split(counts.tolist()), W.unbind(), self.down.unbind())
         for e, (xe, We, De) in enumerate(parts):
-            h = swiglu(self.experts.output_side(F.linear(xe, We), e), self.fast)
+            h = swiglu(self.experts.output_side(F.linear(xe, We), e))
             y.append(F.linear(h, De))
         return torch.cat(y)
 
@@ -606,7 +574,7 @@ class MoE(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg, moe=False):
         super().__init__()
-        self.eps, self.fast = cfg.norm_eps, cfg.kernels
+        self.eps = cfg.norm_eps
         self.attn = Attention(cfg)
         self.mlp = MoE(cfg) if moe else SwiGLU(cfg, cfg.hidden)
         self.post_norm = cfg.post_norm
@@ -616,9 +584,9 @@ class Block(nn.Module):
     def forward(self, x, rope):
         # Pre-Norm: x + Branch(g * Norm(x)); Norm(x) is computed once, g lives in the branch's
         # weights
-        h = self.attn(norm(x, self.eps, self.fast), rope)
+        h = self.attn(norm(x, self.eps), rope)
         x = x + (self.attn_post(h) if self.post_norm else h)
-        h = self.mlp(norm(x, self.eps, self.fast))
+        h = self.mlp(norm(x, self.eps))
         return x + (self.mlp_post(h) if self.post_norm else h)
 
 
@@ -650,7 +618,8 @@ class GPT(nn.Module):
         """N(0, std) for every matrix and the embedding, std by the parameter's role
         (RESIDUAL_WRITERS); scale vectors keep their own init. Modules in the order of
         nn.Module.apply, so a seed gives the same weights as it always has (a tied head draws the
-        embedding again)."""
+        embedding again). Drawn in float64, then rounded: float32 draws round differently with the
+        CPU's vector width, float64 ones do not, so a seed gives the same weights on every CPU."""
         names = {m: n for n, m in self.named_modules()}
 
         def init(m):
@@ -664,55 +633,28 @@ class GPT(nn.Module):
                         "or give it one in GPT._init_weights")
                 residual = name.endswith(RESIDUAL_WRITERS)
                 std = 0.02 / math.sqrt(2 * self.config.n_layer) if residual else 0.02
-                torch.nn.init.normal_(p, mean=0.0, std=std)
-        self.apply(init)
+                p.copy_(torch.empty_like(p, dtype=torch.float64).normal_(0.0, std))
+        with torch.no_grad():
+            self.apply(init)
 
     def forward(self, idx, targets=None):
         """Returns (logits over the tokenizer's vocabulary, mean cross-entropy or None)."""
         c, T = self.config, idx.size(1)
         if T > c.block_size:
             raise ValueError(f"sequence of {T} tokens is longer than block_size={c.block_size}")
-        with self.vectors_at_once():
-            rope = rope_table(c, T, idx.device)
-            x = self.wte(idx)
-            for block in self.blocks:
-                x = block(x, rope)
-            x = norm(x, c.norm_eps, c.kernels)
-            logits = self.head(x * self.g_final() if self.g_final is not None else x)
+        rope = rope_table(c, T, idx.device, self.wte.weight.dtype)
+        x = self.wte(idx)
+        for block in self.blocks:
+            x = block(x, rope)
+        x = norm(x, c.norm_eps)
+        logits = self.head(x * self.g_final() if self.g_final is not None else x)
         loss = None
         if targets is not None:   # padded rows take part in the softmax and learn to stay low
-            loss = cross_entropy(logits.flatten(0, 1), targets.flatten(), c.kernels)
+            loss = cross_entropy(logits.flatten(0, 1), targets.flatten())
             if self.training and c.n_experts and c.moe_balance == "aux":
                 aux = sum(m.aux_loss for m in self.modules() if isinstance(m, MoE))
                 loss = loss + c.moe_aux_weight * aux
         return logits[..., : c.vocab_size], loss
-
-    @contextmanager
-    def vectors_at_once(self):
-        """Inside, every reparameterized scale vector (OR, ER) holds its g, computed for all the
-        model's vectors of one width in one operation: a REPARAMS g is row by row, so it can run
-        on their raw parameters stacked. Unified at 4 x 128: 2 operations each way in place of 17,
-        each of which cost more in calls than in arithmetic (issue 23)."""
-        c = self.config
-        svs = [m for m in self.modules() if isinstance(m, ScaleVector)]
-        if REPARAMS[c.sv_reparam].g is plain_g or not svs:   # g is the parameter: nothing to do
-            yield
-            return
-        by_width = {}
-        for sv in svs:
-            by_width.setdefault(sv.width, []).append(sv)
-        try:
-            for group in by_width.values():
-                raws = [sv.raw() for sv in group]
-                # each raw parameter of the group's vectors stacked: (their rows, width or 1)
-                stacked = {name: torch.cat([p[name] for p in raws]) for name in raws[0]}
-                g = REPARAMS[c.sv_reparam].g(stacked, c.norm_eps, c.kernels)
-                for sv, gi in zip(group, g.split([sv.rows for sv in group])):
-                    sv.hold(gi)
-            yield
-        finally:
-            for sv in svs:
-                sv.hold(None)
 
     # ---- scale vectors: classification, decay, telemetry, folding ------------------------
 

@@ -298,11 +298,11 @@ def lock_results(out, name="lock"):
 
 
 # ---- the code a run ran -------------------------------------------------------------------------
-CODE = ("*.py", "*.c")   # what a run's numbers depend on: git pathspecs
+CODE = ("*.py",)   # what a run's numbers depend on: git pathspecs
 
 
 def code_version():
-    """{"commit", "diff", "id"} of the code in this checkout (its .py files and kernels.c, CODE):
+    """{"commit", "diff", "id"} of the code in this checkout (its .py files, CODE):
     HEAD's commit; a hash of its uncommitted code edits (`git diff HEAD` and untracked code files;
     None when there are none); and "id", a hash of the code files as they are, so two checkouts
     of the same code share it (two commits that differ only in results or prose, an edit and its

@@ -30,7 +30,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import checkpoint
 from configurator import TRAIN_RULES, ConfigError, check_device, configure
-from kernels import retain_freed_memory   # not `import kernels`: a config key has that name
 from model import GPT, GPTConfig, default_device, optimizer_step, peak_flops
 from tokens import dataset_dir, load_meta, vocabulary
 from train_defaults import DEFAULTS
@@ -79,12 +78,13 @@ if gradient_accumulation_steps % world_size:
              "multiple of the process count")
 accum = gradient_accumulation_steps // world_size   # micro-steps per process
 device_type = torch.device(device).type
-if device_type == "cpu":
-    retain_freed_memory()   # each step reuses the last step's pages: no page faults (kernels.py)
 dtype = dtype or ("bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported()
                   else "float32")
 autocast = (torch.autocast(device_type, dtype=torch.bfloat16) if dtype == "bfloat16"
             else nullcontext())
+# the weights (and the loss) in float64 for a reference run: its rounding stays far below what Adam
+# could amplify into a visible step (tests/test_train.py's pinned run); else float32
+weights_dtype = torch.float64 if dtype == "float64" else torch.float32
 torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
 if master:
@@ -240,7 +240,7 @@ try:
 except ValueError as e:   # an unknown or contradictory scale-vector flag
     sys.exit(f"error: {e}")
 torch.manual_seed(seed)
-model = GPT(gpt_config).to(device)
+model = GPT(gpt_config).to(device, weights_dtype)
 if ckpt:
     try:
         checkpoint.restore_model(model, ckpt["model"], ckpt_path)
@@ -349,11 +349,11 @@ def evaluate():
     raw_model.eval()
     out = {}
     for split in ("train", "val"):
-        total = torch.zeros(2, device=device)
+        total = torch.zeros(2, device=device, dtype=weights_dtype)
         for x, y in eval_batches(split):
             with autocast:
                 _, loss = raw_model(x, y)
-            total += torch.stack([loss.float(), torch.ones((), device=device)])
+            total += torch.stack([loss.to(weights_dtype), torch.ones_like(total[0])])
         if ddp:
             dist.all_reduce(total)
         out[split] = (total[0] / total[1]).item()
@@ -423,7 +423,7 @@ flops_per_iter = raw_model.flops_per_token() * tokens_per_iter
 peak = mfu_peak_flops or peak_flops(torch.device(device),
                                     torch.bfloat16 if dtype == "bfloat16" else torch.float32)
 start_iter, last_ckpt = iter_num, (ckpt_path if init_from == "resume" else None)
-step_loss = torch.zeros((), device=device)   # the last step's loss, checked before every save
+step_loss = torch.zeros((), device=device, dtype=weights_dtype)   # checked before every save
 t0, timed_steps = time.perf_counter(), 0
 while True:
     # a resumed run's first step was evaluated before its checkpoint was saved (a stop signal during
@@ -457,7 +457,7 @@ while True:
     for opt in optimizers:
         for group in opt.param_groups:
             group["lr"] = group["base_lr"] * factor
-    step_loss = torch.zeros((), device=device)
+    step_loss = torch.zeros((), device=device, dtype=weights_dtype)
     for micro in range(accum):
         x, y = train_batch(iter_num, micro)
         # DDP: all-reduce gradients on the last micro-step only

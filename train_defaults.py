@@ -50,8 +50,8 @@ wsd_decay_frac = 0.2       # wsd: the last 20% of lr_decay_iters decay
 wsd_shape = "linear"       # wsd: "linear" | "1-sqrt" (Hagele et al. 2024)
 # system
 device = ""                # "" picks cuda, then mps, then cpu
-dtype = ""                 # "float32" | "bfloat16" (autocast); "" picks bfloat16 on CUDA, float32
-                           # elsewhere
+dtype = ""                 # "float32" | "bfloat16" (autocast) | "float64" (a reference run); ""
+                           # picks bfloat16 on CUDA, float32 elsewhere
 compile = False            # torch.compile the model
 seed = 1337                # fixes the initialization and the order of training batches
 mfu_peak_flops = 0.0       # FLOP/s that MFU divides by; 0: model.GPU_PEAK_FLOPS for a GPU in it,

@@ -1,6 +1,6 @@
 """The layout of the tools (issue 19): no script imports another script or reads its source, and
 the import graph of the project's modules, lazy imports included, is at most 4 floors deep (a
-script, a module it imports, model.py, kernels.py)."""
+script, a module it imports, a module that one imports, model.py)."""
 import ast
 import os
 
