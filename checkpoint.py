@@ -14,9 +14,11 @@ import fcntl
 import json
 import os
 import re
+from dataclasses import fields
 
 import torch
 
+from dataset import dataset_dir
 from model import GPT, GPTConfig
 
 # the keys train.py writes and the type of each: a file without them is not a checkpoint of this
@@ -244,19 +246,22 @@ def optimizer_state(opt, names):
     return state
 
 
-def restore_optimizers(optimizers, saved, names, path):
+def restore_optimizers(optimizers, saved, names, path, iter_num):
     """Load the saved optimizer states into `optimizers` after checking that each fits its
     parameters: same groups and sizes, every state tensor of its parameter's shape, and (when
     recorded) its parameter's name. A state of the wrong shape would otherwise crash the fused AdamW
     (invalid pointer), and a swapped one of the same shape would resume silently with the wrong
-    moments."""
+    moments; a checkpoint past step 0 without moments would resume with fresh ones. The moments
+    come back; the hyperparameters (lr, weight decay, betas...) stay those of this run's config."""
+    config = [[{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+              for opt in optimizers]
     wrong = (f"{len(saved)} optimizer(s), not {len(optimizers)}" if len(saved) != len(optimizers)
              else None)
     for opt, state in zip(optimizers, saved):
         if wrong:
             break
         try:
-            wrong = _optimizer_problem(opt, state, names)
+            wrong = _optimizer_problem(opt, state, names, iter_num)
             if not wrong:
                 entries = {i: {k: v for k, v in e.items() if k != "param_name"}
                            for i, e in state["state"].items()}
@@ -269,13 +274,18 @@ def restore_optimizers(optimizers, saved, names, path):
                               f"model ({wrong}): it was edited or written by another version of "
                               "the code; resume from an older checkpoint or train into a new "
                               "out_dir")
+    for opt, hparams in zip(optimizers, config):
+        for group, h in zip(opt.param_groups, hparams):
+            group.update(h)
 
 
-def _optimizer_problem(opt, state, names):
+def _optimizer_problem(opt, state, names, iter_num):
     """What does not fit between a saved optimizer state and `opt`'s parameters (words), or None."""
     groups, entries = state["param_groups"], state["state"]
     if [len(g["params"]) for g in groups] != [len(g["params"]) for g in opt.param_groups]:
         return "other parameter groups"
+    if iter_num > 0 and not entries:
+        return f"no moments at iteration {iter_num}, where every parameter has them"
     owner = {i: p for saved_g, g in zip(groups, opt.param_groups)
              for i, p in zip(saved_g["params"], g["params"])}
     for i, entry in entries.items():
@@ -301,6 +311,45 @@ def load_model(out_dir):
                               f"({e})") from None
     restore_model(model, state["model"], path)
     return path, state, model
+
+
+def check_resume(path, ckpt, config, model_args, vocab, tokens_per_iter):
+    """A resume continues the checkpoint's run: the same model and optimizer, and the vocabulary it
+    was trained on (the same token ids would otherwise mean other text); CheckpointError if not.
+    Returns the lines to print: where it resumes, and what this command line changes."""
+    # a model key added since the checkpoint was written counts as its default (what it trained
+    # with); a key removed since (GPTConfig.kernels: the same values) is not compared
+    saved = {**{f.name: f.default for f in fields(GPTConfig)}, **ckpt["model_args"],
+             "optimizer": ckpt["config"].get("optimizer", "adamw")}
+    mismatched = {k: (saved.get(k), v)
+                  for k, v in {**model_args, "optimizer": config["optimizer"]}.items()
+                  if saved.get(k) != v}
+    if mismatched:
+        listed = ", ".join(f"{k}=({a!r}, {b!r})" for k, (a, b) in mismatched.items())
+        raise CheckpointError(f"{path} was trained with a different model or optimizer; "
+                              f"mismatched keys (checkpoint, requested): {listed}")
+    old = ckpt["config"]
+    # a checkpoint written before the vocabulary record: its dataset's name must be this one
+    if ckpt.get("vocab", vocab) != vocab or ("vocab" not in ckpt
+                                             and old.get("dataset") != config["dataset"]):
+        raise CheckpointError(
+            f"{path} was trained on another vocabulary than {dataset_dir(config['dataset'])}/"
+            "meta.json now holds (the same token ids would mean other text): prepare "
+            f"--dataset={config['dataset']} as it was, or train into a new out_dir")
+    notes = [f"resuming from {path} at iteration {ckpt['iter_num']}"]
+    if ckpt["iter_num"] >= config["max_iters"]:   # e.g. a requeued job whose run had finished
+        notes.append(f"{path} is at iteration {ckpt['iter_num']} and "
+                     f"max_iters={config['max_iters']}: nothing to train (raise --max_iters to go "
+                     "on)")
+    # the command line wins on resume (learning rate, max_iters, batch); a new global batch is
+    # legal but worth a line
+    old_tokens = (old.get("gradient_accumulation_steps", 0) * old.get("batch_size", 0)
+                  * old.get("block_size", 0))
+    if old_tokens != tokens_per_iter:
+        notes.append(f"warning: the checkpoint was trained with {old_tokens:,} tokens per "
+                     f"iteration, this run uses {tokens_per_iter:,} (gradient_accumulation_steps "
+                     "x batch_size x block_size)")
+    return notes
 
 
 # ---- the run folder ------------------------------------------------------------------------------
@@ -376,6 +425,24 @@ def clear_run(out_dir):
                  os.path.join(out_dir, "metrics.jsonl")]:
         if os.path.exists(path):
             os.remove(path)
+
+
+def open_run(out_dir, init_from, iter_num):
+    """Take the run folder for this trainer: its lock (one trainer per out_dir), then metrics.jsonl
+    opened for appending. A scratch run removes an earlier run's checkpoints and metrics (it is
+    there only with --overwrite=True: check_out_dir); a resumed one drops what was logged after
+    its checkpoint."""
+    metrics = os.path.join(out_dir, "metrics.jsonl")
+    try:
+        lock(out_dir)
+        if init_from == "scratch":
+            clear_run(out_dir)
+        else:
+            private_file(metrics)   # a link would log into another run's (or any) file
+            trim_metrics(metrics, iter_num)
+        return open_append(metrics)
+    except OSError as e:
+        raise CheckpointError(write_error(metrics, e, out_dir)) from None
 
 
 def read_metrics(path):

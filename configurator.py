@@ -194,6 +194,20 @@ SAMPLE_RULES = {"out_dir": TRAIN_RULES["out_dir"], "num_samples": at_least(1),
                 "device": TRAIN_RULES["device"]}
 
 
+def differing_configs(configs):
+    """Under DDP every process must run one configuration (a config file that reads RANK would hang
+    the job at max_iters or train silently wrong): the sentence that says which keys differ, or
+    None. `configs`: the config of each process, by rank."""
+    first = configs[0]
+    differ = [k for k in first if any(c.get(k) != first[k] for c in configs)]
+    if not differ:
+        return None
+    by_rank = ", ".join(repr(c.get(differ[0])) for c in configs)
+    return (f"the {len(configs)} processes run different configurations ({', '.join(differ)}; "
+            f"{differ[0]}={by_rank} by rank): a config must not depend on the process; give all "
+            "the same one")
+
+
 def check_device(device):
     """'' or a device this machine has, else ConfigError: --device=cuda on a machine without CUDA is
     one sentence."""

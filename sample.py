@@ -15,7 +15,7 @@ import torch
 import checkpoint
 from configurator import SAMPLE_RULES, ConfigError, check_device, configure
 from model import default_device
-from tokens import dataset_dir, get_tokenizer, load_meta, meta_problem
+from dataset import dataset_dir, get_tokenizer, load_meta, meta_problem
 
 out_dir = "out"
 start = "\n"            # the prompt, or FILE:path to read it from a file

@@ -205,7 +205,7 @@ def test_validation_does_not_rely_on_assert():
 # ---- train.py's allowed values: one sentence naming the key, its value and the range ------------
 from configurator import TRAIN_RULES, check_device  # noqa: E402
 
-from train_defaults import DEFAULTS as TRAIN  # noqa: E402
+from config.defaults import DEFAULTS as TRAIN  # noqa: E402
 
 
 def test_every_train_key_has_a_rule_and_every_rule_a_key():

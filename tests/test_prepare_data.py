@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import prepare_data
-import tokens
+import dataset
 
 EOT = 50256
 TEXT = ("First Citizen:\nBefore we proceed, hear me speak.\n\nAll:\n"
@@ -48,23 +48,23 @@ def snapshot(d):
 # --- tokenizers ----------------------------------------------------------------
 
 def test_gpt2_matches_gpt2():
-    assert tokens.gpt2_encoding().encode_ordinary("Hello world") == [15496, 995]
-    encode, _ = tokens.get_tokenizer({"tokenizer": "gpt2"})
+    assert dataset.gpt2_encoding().encode_ordinary("Hello world") == [15496, 995]
+    encode, _ = dataset.get_tokenizer({"tokenizer": "gpt2"})
     assert encode("Hello world") == [15496, 995]
-    assert tokens.gpt2_encoding().n_vocab == 50257
+    assert dataset.gpt2_encoding().n_vocab == 50257
 
 
 @pytest.mark.parametrize("tokenizer", ["char", "gpt2"])
 def test_roundtrip(tokenizer):
     meta = {"tokenizer": tokenizer, "chars": "".join(sorted(set(TEXT)))}
-    encode, decode = tokens.get_tokenizer(meta)
+    encode, decode = dataset.get_tokenizer(meta)
     ids = encode(TEXT)
     assert decode(ids) == TEXT
     assert len(ids) < len(TEXT) if tokenizer == "gpt2" else len(ids) == len(TEXT)
 
 
 def test_byte_roundtrip_on_non_ascii_text():
-    encode, decode = tokens.get_tokenizer({"tokenizer": "byte", "vocab_size": 257})
+    encode, decode = dataset.get_tokenizer({"tokenizer": "byte", "vocab_size": 257})
     ids = encode(TEXT)
     assert ids == list(TEXT.encode("utf-8")) and len(ids) > len(TEXT)   # multi-byte characters
     assert max(ids) > 127 and decode(ids) == TEXT
@@ -73,30 +73,30 @@ def test_byte_roundtrip_on_non_ascii_text():
 
 
 def test_char_encode_unknown_character():
-    encode, _ = tokens.get_tokenizer({"tokenizer": "char", "chars": "ab"})
+    encode, _ = dataset.get_tokenizer({"tokenizer": "char", "chars": "ab"})
     with pytest.raises(ValueError, match="'z'"):
         encode("abz")
 
 
 def test_gpt2_ranks_wrong_hash_or_missing(tmp_path):
     bad = tmp_path / "gpt2.tiktoken"
-    data = bytearray(tokens.GPT2_RANKS.read_bytes())
+    data = bytearray(dataset.GPT2_RANKS.read_bytes())
     data[100] ^= 1
     bad.write_bytes(bytes(data))
     with pytest.raises(SystemExit) as e:
-        tokens.gpt2_encoding(bad)
+        dataset.gpt2_encoding(bad)
     assert str(bad) in error_of(e) and "sha256" in error_of(e)
     with pytest.raises(SystemExit) as e:
-        tokens.gpt2_encoding(tmp_path / "gone.tiktoken")
+        dataset.gpt2_encoding(tmp_path / "gone.tiktoken")
     assert "gone.tiktoken" in error_of(e) and "missing" in error_of(e)
 
 
 def test_load_meta_missing_names_the_command(tmp_path):
     with pytest.raises(SystemExit) as e:
-        tokens.load_meta(tmp_path / "shakespeare_char")
+        dataset.load_meta(tmp_path / "shakespeare_char")
     assert "python prepare_data.py shakespeare_char" in error_of(e)
     with pytest.raises(SystemExit) as e:
-        tokens.load_meta(tmp_path / "mybook")
+        dataset.load_meta(tmp_path / "mybook")
     assert "text --input FILE --name mybook" in error_of(e)
 
 
@@ -109,7 +109,7 @@ def test_chunked_gpt2_encoding_equals_whole():
     text = prepare_data.SHAKESPEARE.read_text()[:200_000] + noise
     chunks = list(prepare_data.text_chunks(text, size=5_000))
     assert len(chunks) > 50 and "".join(chunks) == text
-    enc = tokens.gpt2_encoding()
+    enc = dataset.gpt2_encoding()
     assert [t for c in chunks for t in enc.encode_ordinary(c)] == enc.encode_ordinary(text)
 
 
@@ -130,7 +130,7 @@ def test_uint16_overflow_is_an_error(tmp_path):
 def test_text_bins_decode_to_train_and_val_text(tmp_path, tokenizer):
     out = prepare(tmp_path, TEXT, tokenizer)
     meta, train, val = read_set(out)
-    _, decode = tokens.get_tokenizer(meta)
+    _, decode = dataset.get_tokenizer(meta)
     n = int(len(TEXT) * 0.9)
     assert decode(train.tolist()) == TEXT[:n] and decode(val.tolist()) == TEXT[n:]
     assert (meta["train_tokens"], meta["val_tokens"]) == (len(train), len(val))
@@ -204,7 +204,7 @@ def test_crash_before_meta_never_pairs_old_meta_with_new_bins(tmp_path, monkeypa
     assert not (out / "meta.json").exists()  # the set is marked incomplete
     prepare(tmp_path, TEXT)  # so this rebuilds instead of trusting sizes
     meta, train, val = read_set(out)
-    assert tokens.get_tokenizer(meta)[1](train.tolist() + val.tolist()) == TEXT
+    assert dataset.get_tokenizer(meta)[1](train.tolist() + val.tolist()) == TEXT
 
 
 def test_shakespeare_char(tmp_path):
@@ -231,7 +231,7 @@ DOCS = ["doc one", "the second document, a bit longer", "doc three\nwith a newli
 
 
 def stream_of(docs):
-    enc = tokens.gpt2_encoding()
+    enc = dataset.gpt2_encoding()
     return [t for d in docs for t in [EOT] + enc.encode_ordinary(d)]
 
 
@@ -366,7 +366,7 @@ def test_fineweb_from_local_shards_offline_decodes_to_the_documents(
             "--val_tokens", "100", "--num_proc", "2", "--out_dir", str(out)]
     prepare_data.main(args)
     meta, train, val = read_set(out)
-    _, decode = tokens.get_tokenizer(meta)
+    _, decode = dataset.get_tokenizer(meta)
     # shards in order
     assert decode(val.tolist() + train.tolist()) == "".join("<|endoftext|>" + d for d in docs)
     assert len(val) == meta["val_tokens"] == 100 and meta["train_tokens"] == len(train)
@@ -399,7 +399,7 @@ def test_fineweb_local_shards_byte_tokenizer(tmp_path, monkeypatch, capsys, fmt)
     assert (meta["tokenizer"], meta["vocab_size"]) == ("byte", 257)
     ids = val.tolist() + train.tolist()
     assert ids == [t for d in docs for t in [256] + list(d.encode("utf-8"))]   # shards in order
-    assert tokens.get_tokenizer(tokens.load_meta(out))[1](ids) == "".join(docs)
+    assert dataset.get_tokenizer(dataset.load_meta(out))[1](ids) == "".join(docs)
     assert len(val) == meta["val_tokens"] == 100 and meta["train_tokens"] == len(train)
     prepare_data.main([*args, "--tokenizer", "byte"])
     assert "already prepared" in capsys.readouterr().out
@@ -454,9 +454,9 @@ def test_a_dataset_is_prepared_where_train_py_looks_for_it(tmp_path, monkeypatch
     (tmp_path / "in.txt").write_text("some text to prepare, long enough for both splits " * 4)
     prepare_data.main(["text", "--input", "in.txt", "--name", "here", "--tokenizer", "char"])
     assert (tmp_path / "data" / "here" / "meta.json").is_file()
-    assert tokens.load_meta(tokens.dataset_dir("here"))["tokenizer"] == "char"
+    assert dataset.load_meta(dataset.dataset_dir("here"))["tokenizer"] == "char"
     with pytest.raises(SystemExit) as e:   # and the error for a missing one names that folder
-        tokens.load_meta(tokens.dataset_dir("elsewhere"))
+        dataset.load_meta(dataset.dataset_dir("elsewhere"))
     assert f"working directory, {tmp_path}" in error_of(e)
 
 
@@ -478,7 +478,7 @@ def test_meta_json_values_are_checked_in_one_sentence(tmp_path, change, words):
     (tmp_path / "meta.json").write_text(json.dumps({k: v for k, v in meta.items()
                                                     if v is not None}))
     with pytest.raises(SystemExit) as e:
-        tokens.load_meta(tmp_path)
+        dataset.load_meta(tmp_path)
     msg = error_of(e)
     assert (msg.startswith(f"error: {tmp_path / 'meta.json'} ") and words in msg
             and msg.endswith(": prepare the dataset again"))

@@ -658,8 +658,10 @@ def test_optimizer_state_is_checked_against_the_parameters_it_is_restored_onto()
     opt.step()
     saved = checkpoint.optimizer_state(opt, names)
     restored = fresh()
-    checkpoint.restore_optimizers([restored], [saved], names, "ckpt.pt")
+    restored.param_groups[0]["lr"] = 5e-4   # this run's config, not the checkpoint's
+    checkpoint.restore_optimizers([restored], [saved], names, "ckpt.pt", iter_num=1)
     assert torch.equal(restored.state[params[0]]["exp_avg"], opt.state[params[0]]["exp_avg"])
+    assert restored.param_groups[0]["lr"] == 5e-4
     square = [i for i, p in enumerate(params)
               if p.shape == params[-1].shape and i != len(params) - 1][0]
     other = [i for i, p in enumerate(params) if p.shape != params[0].shape][0]
@@ -673,9 +675,14 @@ def test_optimizer_state_is_checked_against_the_parameters_it_is_restored_onto()
         with pytest.raises(checkpoint.CheckpointError,
                            match="ckpt.pt holds optimizer state that does not fit this model .*"
                                  + why):
-            checkpoint.restore_optimizers([fresh()], [swapped], names, "ckpt.pt")
+            checkpoint.restore_optimizers([fresh()], [swapped], names, "ckpt.pt", iter_num=1)
     with pytest.raises(checkpoint.CheckpointError, match="2 optimizer"):
-        checkpoint.restore_optimizers([fresh()], [saved, saved], names, "ckpt.pt")
+        checkpoint.restore_optimizers([fresh()], [saved, saved], names, "ckpt.pt", iter_num=1)
+    # issue 31, item 9: no moments past step 0 would resume silently with fresh ones
+    empty = {**saved, "state": {}}
+    checkpoint.restore_optimizers([fresh()], [empty], names, "ckpt.pt", iter_num=0)
+    with pytest.raises(checkpoint.CheckpointError, match="no moments at iteration 20"):
+        checkpoint.restore_optimizers([fresh()], [empty], names, "ckpt.pt", iter_num=20)
 
 
 # ---- issue 20: train.py and sample.py check what they read, in subprocesses ---------------------

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import configurator
-import export_hf
+from tools import export_hf
 import model as model_py
 from helpers import (MOE, ROOT, TINY, expected_decay, make, model_flags, randomize_scale_vectors,
                      tokens)

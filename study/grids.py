@@ -9,7 +9,7 @@ import os
 import re
 from collections import namedtuple
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 
 # ---- sizing of the default grid: the one place to change it -------------------------------------
 # config/*_char.py (4 layers x 128, block 64, batch 12) for MAX_ITERS iterations instead of 2000,

@@ -1,6 +1,6 @@
 """
 The figures of reproduce.py's grids, from their results ({variant: {seed: result.json}}), and the
-one way to get pyplot; reproduce.py and plot_metrics.py draw with them.
+one way to get pyplot; reproduce.py draws with them.
 """
 import os
 import re

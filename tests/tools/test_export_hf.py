@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import checkpoint
-import export_hf
+from tools import export_hf
 from model import GPT, GPTConfig
 
 VARIANTS = {   # the paper's variants whose vectors all fold (design page), as GPTConfig flags
@@ -134,7 +134,7 @@ def test_gpt2_tokenizer_files_load_offline_and_match_tiktoken(tmp_path, monkeypa
     tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
     assert tok("Hello world")["input_ids"] == [15496, 995]
     assert tok.eos_token_id == 50256 and len(tok) == 50257
-    from tokens import ROOT, gpt2_encoding
+    from dataset import ROOT, gpt2_encoding
     text = (ROOT / "data/raw/tinyshakespeare.txt").read_text(encoding="utf-8")[:5000]
     # multi-byte characters, runs of spaces
     text += " naïve café 日本語 🤖  \n\n\t 12345 it's  we'll   x"

@@ -9,7 +9,7 @@ import re
 
 import numpy as np
 
-from grids import BUDGETS, LRS, SIZE_LRS, SIZES, TPP_1X, budget_name, lr_grid, scaling_grid
+from study.grids import BUDGETS, LRS, SIZE_LRS, SIZES, TPP_1X, budget_name, lr_grid, scaling_grid
 
 
 def meta_gpt(**fields):
@@ -315,7 +315,7 @@ def lr_report(results):
     best = ",".join(r["variant"] for r in rows)
     n = max((len(r.get("seeds", [])) for r in rows), default=0)
     lines += ["", "More seeds at the best rates: "
-              f"`python reproduce.py --grid=lr --seeds={max(3, n + 3)} --variants={best}`"]
+              f"`python -m study.reproduce --grid=lr --seeds={max(3, n + 3)} --variants={best}`"]
     return lines, {"sweep": sweep, "tuned": rows}
 
 
@@ -365,7 +365,7 @@ def scaling_report(results):
 def regime_rows(results):
     """Per size and tokens per parameter of the regime grid: unified minus the baseline, paired,
     with the epochs each read (result.json's, else of Tiny Shakespeare)."""
-    from grids import regime_grid
+    from study.grids import regime_grid
     rows = []
     for v in regime_grid():
         if not v.baseline or not results.get(v.name) or not results.get(v.baseline):
@@ -462,7 +462,7 @@ def final_g(res):
 
 
 def wd_rows(results):
-    from grids import wd_grid
+    from study.grids import wd_grid
     rows = []
     for v in wd_grid():
         if not v.baseline or v.name not in results or v.baseline not in results:

@@ -1,7 +1,7 @@
 """report.time_to_loss: a variant's wall-clock efficiency from a grid's validation curves."""
 import pytest
 
-from report import time_to_loss
+from study.report import time_to_loss
 
 
 def runs(*curves):

@@ -2,7 +2,7 @@
 Export a trained model to Hugging Face format: a plain Llama, whatever scale-vector variant
 trained it.
 
-    python export_hf.py --out_dir=out/<run> --to=hf/<name>
+    python -m tools.export_hf --out_dir=out/<run> --to=hf/<name>
 
 Paper, section 2.2: an Input-Norm scale vector adds no expressivity, W (g * z) = (W diag(g)) z, so
 GPT.fold_scale_vectors() turns a model trained with HG, DP, OR or ER (or none) into an equivalent
@@ -43,7 +43,7 @@ import checkpoint
 from configurator import ConfigError, configure
 from model import GPT, PLACEMENTS
 # gpt2_encoding checks the vendored file's sha256
-from tokens import EOT, TOKENIZERS, dataset_dir, gpt2_encoding, load_meta
+from dataset import EOT, TOKENIZERS, dataset_dir, gpt2_encoding, load_meta
 
 out_dir = "out"   # the run: its newest complete checkpoint is exported
 to = ""           # the folder to write (replaced as a whole if it exists)
@@ -356,7 +356,7 @@ def compare(model, folder, n_tokens=64, seed=0):
 
 def tokenizer_of(ckpt):
     """'gpt2', 'char', 'byte' or None (unknown): the tokenizer the run's data was prepared with,
-    as the checkpoint records it (tokens.vocabulary); for a checkpoint written before that record,
+    as the checkpoint records it (dataset.vocabulary); for a checkpoint written before that record,
     from today's meta.json."""
     vocab = ckpt.get("vocab")
     if isinstance(vocab, dict) and vocab.get("tokenizer") in TOKENIZERS:

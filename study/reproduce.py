@@ -1,24 +1,24 @@
 """
 Reproduce the paper's claims: a grid of variants x seeds of train.py, each compared to its
 baseline seed by seed (a seed fixes the initialization and the batch order, identically across
-variants), with a summary and plots in results/<grid>/.
+variants), with a summary and plots in study/results/<grid>/.
 
-CPU grids (Tiny Shakespeare, several single-process runs at a time):
+CPU grids (Tiny Shakespeare, several single-process runs at a time), from the repository's root:
 
-    python reproduce.py                   # the default grid, 3 seeds, 2 runs at a time
-    python reproduce.py --dry_run         # list the runs and the time estimate
-    python reproduce.py --summary_only    # the summary and plots of what is there, no run
-    python reproduce.py --variants=noscale,unified --seeds=5   # a subset (with their baselines)
-    python reproduce.py --add='wide:config/unified_char.py:--n_embd=192,--n_head=6'   # an idea
-    python reproduce.py --grid=lr --seeds=1   # learning-rate sweep of baseline, noscale, unified
-                                              # (+ Muon); its summary names the command that
-                                              # adds seeds at the best rates
-    python reproduce.py --grid=scaling    # 4 sizes x 4 budgets: compute efficiency and scaling
+    python -m study.reproduce                 # the default grid, 3 seeds, 2 runs at a time
+    python -m study.reproduce --dry_run       # list the runs and the time estimate
+    python -m study.reproduce --summary_only  # the summary and plots of what is there, no run
+    python -m study.reproduce --variants=noscale,unified --seeds=5   # a subset, with baselines
+    python -m study.reproduce --add='wide:config/unified_char.py:--n_embd=192,--n_head=6'
+    python -m study.reproduce --grid=lr --seeds=1   # learning-rate sweep of baseline, noscale,
+                                    # unified (+ Muon); its summary names the command that adds
+                                    # seeds at the best rates
+    python -m study.reproduce --grid=scaling  # 4 sizes x 4 budgets: compute efficiency, scaling
 
 Node grids (FineWeb-Edu, 124M/350M, one run at a time through torchrun on all GPUs):
 
-    python reproduce.py --grid=node --nproc_per_node=8 --seeds=1 --dry_run   # runs, estimate
-    python reproduce.py --grid=node --nproc_per_node=8 --tokens=2.5e9 --seeds=1
+    python -m study.reproduce --grid=node --nproc_per_node=8 --seeds=1 --dry_run   # runs, estimate
+    python -m study.reproduce --grid=node --nproc_per_node=8 --tokens=2.5e9 --seeds=1
 
 Stop it at any time and start it again: finished runs (result.json) are skipped, interrupted
 ones resume from their newest checkpoint (train.py --init_from=resume), failed ones are reported
@@ -31,7 +31,7 @@ One reproduce.py at a time per results folder (<results>/lock). SIGTERM or SIGIN
 train.py it started: they save a checkpoint and exit, and the next invocation resumes them. Each
 result.json records the code that made it (its commit and a hash of uncommitted Python edits); a
 folder holds one code version: adding runs of other code to it is refused unless --mixed_code,
-and a grid stops starting runs if the code changes under it (README, "Reproducing the paper").
+and a grid stops starting runs if the code changes under it (study/README.md).
 
 The grids are grids.py, the statistics and reports report.py, the figures plots.py.
 """
@@ -54,11 +54,12 @@ import time
 from collections import namedtuple
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
-from grids import GRIDS, MAX_ITERS, MS_PER_ITER, OVERHEAD_S, is_node_grid, parse_added, sizing
-from plots import plot_grid, plot_report
-from report import REPORTS, code_id, code_lines, meta_gpt, summarize, write_summary
+from study.grids import (GRIDS, MAX_ITERS, MS_PER_ITER, OVERHEAD_S, is_node_grid, parse_added,
+                         sizing)
+from study.plots import plot_grid, plot_report
+from study.report import REPORTS, code_id, code_lines, meta_gpt, summarize, write_summary
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 
 
 # ---- sizing of runs -----------------------------------------------------------------------------
@@ -79,9 +80,9 @@ def run_args(v, max_iters, extra, seed, run_dir, tokens=None, node=False):
 @functools.lru_cache(maxsize=None)
 def train_config(config, overrides=()):
     """train.py's config for a config file and overrides, as train.py would see it (without
-    running it): train_defaults.py's values, then the file, then the overrides."""
+    running it): config/defaults.py's values, then the file, then the overrides."""
     from configurator import ConfigError, configure
-    from train_defaults import DEFAULTS   # here: a summary need not import torch
+    from config.defaults import DEFAULTS   # here: a summary need not import torch
     try:
         return configure(DEFAULTS, [os.path.join(ROOT, config), *overrides])
     except ConfigError as e:
@@ -108,7 +109,7 @@ def node_sizing(config, overrides=(), tokens=None):
 
 # Without a measured --tokens_per_s, a node's throughput is assumed: this fraction of the bf16
 # dense peak of its GPUs (model.peak_flops' table; H100 when this machine has none). nanoGPT's
-# 124M reaches about 40% on A100s with torch.compile; measure yours with `python gpu_check.py`
+# 124M reaches about 40% on A100s with torch.compile; measure yours with `python -m tools.gpu_check`
 # (or bench.py) and pass it instead.
 ASSUMED_MFU = 0.40
 
@@ -138,7 +139,7 @@ def local_estimate(v, iters, extra):
 def train_tokens(dataset):
     """The training tokens of a prepared dataset (data/NAME under the working directory, as for
     train.py), or None when it is not there."""
-    from tokens import dataset_dir
+    from dataset import dataset_dir
     d = dataset_dir(dataset)
     try:
         with open(d / "meta.json", encoding="utf-8") as f:
@@ -161,7 +162,7 @@ def over_cap(jobs, cap, dataset):
     """(the jobs within `cap` epochs, one line naming each variant skipped); SystemExit when the
     training set is not there to count."""
     if any(j.epochs is None for j in jobs):
-        from tokens import dataset_dir, load_meta
+        from dataset import dataset_dir, load_meta
         load_meta(dataset_dir(dataset))   # not prepared: its one sentence says how to prepare it
         raise SystemExit(f"error: the epoch cap (--max_epochs={cap:g}) needs the size of the "
                          f"training set, and data/{dataset}/train.bin cannot be read: prepare "
@@ -188,7 +189,7 @@ def node_estimate(todo, tokens_per_s, gpus, extra):
     return flops / (ASSUMED_MFU * peak * gpus), (
         f"assuming {ASSUMED_MFU:.0%} MFU on {gpus} x {gpu} at {peak / 1e12:.0f} TFLOP/s bf16 "
         "each; "
-        "measure with `python gpu_check.py` and pass --tokens_per_s for a better one")
+        "measure with `python -m tools.gpu_check` and pass --tokens_per_s for a better one")
 
 
 # ---- the files of a results folder: read with checks, written atomically ------------------------
@@ -253,10 +254,17 @@ def evals(run_dir):
     return [r for r in records if isinstance(r, dict) and r.get("kind") == "eval"]
 
 
+def settings(args):
+    """A run's arguments but its --out_dir, which only says where its folder is: a results folder
+    moved or copied holds the same runs."""
+    return None if args is None else [a for a in args if not a.startswith("--out_dir=")]
+
+
 def resumable(run_dir, args_list):
-    """True if run_dir holds a checkpoint of an interrupted run with exactly these arguments."""
+    """True if run_dir holds a checkpoint of an interrupted run with these settings."""
     state = load_json(os.path.join(run_dir, "run.json")) or {}
-    return state.get("args") == args_list and os.path.exists(os.path.join(run_dir, "latest"))
+    return (settings(state.get("args")) == settings(args_list)
+            and os.path.exists(os.path.join(run_dir, "latest")))
 
 
 def in_use(run_dir):
@@ -479,7 +487,7 @@ def collect(out, grid, args_for):
         for name in sorted(os.listdir(vdir)) if os.path.isdir(vdir) else []:
             m = re.fullmatch(r"seed(\d+)", name)
             r = load_result(os.path.join(vdir, name)) if m else None
-            if r and r["args"] == args_for(v, int(m.group(1))):
+            if r and settings(r["args"]) == settings(args_for(v, int(m.group(1)))):
                 results.setdefault(v.name, {})[int(m.group(1))] = r
     return results
 
@@ -506,7 +514,8 @@ def parse_args(argv, grids):
     p.add_argument("--extra", default="",
                    help='more train.py overrides for every run, e.g. "--dataset=tiny --n_layer=2"')
     p.add_argument("--results_dir", default="",
-                   help="default: results/<grid>, or results/<grid>_<dataset> with --dataset")
+                   help="default: study/results/<grid>, or study/results/<grid>_<dataset> with "
+                        "--dataset")
     p.add_argument("--dataset", default="",
                    help="train every run on data/NAME (prepare_data.py), not its config's")
     p.add_argument("--max_epochs", type=float,
@@ -592,7 +601,7 @@ class Grid:
         self.node = launcher == "torchrun"
         self.torchrun = torchrun_args(a) if self.node else None
         named = f"{a.grid}_{a.dataset}" if a.dataset else a.grid
-        self.out = a.results_dir or os.path.join("results", named)
+        self.out = a.results_dir or os.path.join("study", "results", named)
         self.extra = shlex.split(a.extra) + ([f"--dataset={a.dataset}"] if a.dataset else [])
         self.tokens = int(a.tokens) if a.tokens else None
         self.max_iters = a.max_iters
@@ -610,7 +619,7 @@ class Grid:
         for seed in range(1, seeds + 1):
             for v in variants:
                 args, run_dir = self.args_for(v, seed), self.run_dir(v, seed)
-                done = (load_result(run_dir) or {}).get("args") == args
+                done = settings((load_result(run_dir) or {}).get("args")) == settings(args)
                 epochs = None if self.node else run_epochs(v, args, self.extra)
                 out.append(Job(v, seed, args, run_dir, done, epochs))
         return out
@@ -634,7 +643,7 @@ def conflicts(jobs):
         old = (load_result(job.run_dir) or {}).get("args")
         if old is None and checkpoints(job.run_dir):
             old = (load_json(os.path.join(job.run_dir, "run.json")) or {}).get("args")
-        if not job.done and old is not None and old != job.args:
+        if not job.done and old is not None and settings(old) != settings(job.args):
             out.append((job.run_dir, old, job.args))
     return out
 

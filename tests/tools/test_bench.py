@@ -8,20 +8,20 @@ import sys
 
 import pytest
 
-import bench as bench_py
-import gpu_check
+from tools import bench as bench_py
+from tools import gpu_check
 from configurator import ConfigError
 from conftest import ROOT
 from helpers import ENV, records, train
 from model import VARIANTS
-from train_defaults import DEFAULTS
+from config.defaults import DEFAULTS
 
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=2",
         "--vocab_size=50", "--vocab_pad=1", "--device=cpu", "--steps=2", "--warmup=1"]
 
 
 def bench(*args):
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench.py"), *TINY, *args], cwd=ROOT,
+    p = subprocess.run([sys.executable, "-m", "tools.bench", *TINY, *args], cwd=ROOT,
                        env=ENV, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     return p.stdout
@@ -108,14 +108,14 @@ def test_bench_reads_train_keys_as_values_not_source(tmp_path):
     """An ordinary nanoGPT-style edit, `max_iters = 5 * 1000`, in the one home of train.py's keys:
     bench.py imports the module (no script parses another's source), so it reads 5000 and its
     --help works."""
-    for name in os.listdir(ROOT):
-        if name.endswith(".py"):
-            shutil.copy(os.path.join(ROOT, name), tmp_path / name)
-    home = (tmp_path / "train_defaults.py").read_text()
+    for name in ("model.py", "configurator.py", "dataset.py", "config", "tools"):
+        copy = shutil.copytree if os.path.isdir(os.path.join(ROOT, name)) else shutil.copy
+        copy(os.path.join(ROOT, name), tmp_path / name)
+    home = (tmp_path / "config" / "defaults.py").read_text()
     assert "\nmax_iters = 5000\n" in home
-    (tmp_path / "train_defaults.py").write_text(home.replace("\nmax_iters = 5000\n",
-                                                             "\nmax_iters = 5 * 1000\n"))
-    p = subprocess.run([sys.executable, "bench.py", "--help"], cwd=tmp_path, env=ENV,
+    (tmp_path / "config" / "defaults.py").write_text(home.replace("\nmax_iters = 5000\n",
+                                                                  "\nmax_iters = 5 * 1000\n"))
+    p = subprocess.run([sys.executable, "-m", "tools.bench", "--help"], cwd=tmp_path, env=ENV,
                        capture_output=True, text=True)
     assert p.returncode == 0 and "--max_iters=5000  (int)" in p.stdout, p.stderr
 

@@ -1,18 +1,18 @@
 r"""
 Speed and memory of a training step, for a config of train.py; side by side for several.
 
-    python bench.py config/shakespeare_char.py   # ms/step, tokens/s, MFU, peak memory
-    python bench.py config/shakespeare_char.py --dtype=bfloat16 --compile=True
-    python bench.py config/baseline_124m.py --batch_size=1 --device=cpu \
+    python -m tools.bench config/shakespeare_char.py   # ms/step, tokens/s, MFU, peak memory
+    python -m tools.bench config/shakespeare_char.py --dtype=bfloat16 --compile=True
+    python -m tools.bench config/baseline_124m.py --batch_size=1 --device=cpu \
         --compare=config/unified_124m.py,config/noscale_124m.py
     # against a GPT-2 (nanoGPT) block of the same sizes
-    python bench.py config/shakespeare_char.py --compare=gpt2
+    python -m tools.bench config/shakespeare_char.py --compare=gpt2
     # overrides joined by +
-    python bench.py config/shakespeare_char.py --compare=dtype=bfloat16,compile=True
-    python bench.py config/baseline_124m.py --device=cpu --compare=config/unified_124m.py \
+    python -m tools.bench config/shakespeare_char.py --compare=dtype=bfloat16,compile=True
+    python -m tools.bench config/baseline_124m.py --device=cpu --compare=config/unified_124m.py \
         --interleave=True
     # where a step's time goes: torch.profiler's ops by self CPU time per step, and their calls
-    python bench.py config/unified_char.py --profile=True
+    python -m tools.bench config/unified_char.py --profile=True
 
 A step is forward, backward, gradient clipping and an AdamW step on random tokens (no data
 needed); AdamW is fused where train.py fuses it (CUDA, CPU), and for the gpt2 reference where
@@ -39,12 +39,17 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from config.defaults import DEFAULTS
 from configurator import TRAIN_RULES, ConfigError, at_least, check_device, configure, one_of
 from model import GPT, GPTConfig, default_device, peak_flops
-from train_defaults import DEFAULTS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
+# a compared configuration runs as `python -m tools.bench` in the caller's folder (its data/)
+CHILD_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (
+    ROOT, os.environ.get("PYTHONPATH"))))}
 
 
-# train.py's keys (train_defaults.py, so any config file of train.py is one here too), the
+# train.py's keys (config/defaults.py, so any config file of train.py is one here too), the
 # vocabulary's size (used without a prepared dataset: --vocab_size), and bench.py's own
 defaults = {**DEFAULTS, "vocab_size": GPTConfig.vocab_size,
             # measured steps, and unmeasured ones before them (compile, caches)
@@ -314,8 +319,8 @@ def compare(runs, cfg):
     results = {name: [] for name in runs}
     for r in range(cfg["rounds"]):
         for name, args in runs.items():
-            p = subprocess.run([sys.executable, __file__, *args, "--json=True"],
-                               capture_output=True, text=True)
+            p = subprocess.run([sys.executable, "-m", "tools.bench", *args, "--json=True"],
+                               capture_output=True, text=True, env=CHILD_ENV)
             if p.returncode != 0:
                 sys.exit(f"error: {name} failed:\n{p.stderr.strip()[-2000:]}")
             results[name].append(json.loads(p.stdout.strip().splitlines()[-1]))

@@ -1,8 +1,8 @@
 """
 Check a machine with a CUDA GPU in one command (under 5 minutes on one GPU), a verdict per line:
 
-    python gpu_check.py                 # on a machine with a CUDA GPU
-    python gpu_check.py --device=cpu    # the same checks rehearsed on a CPU (CI runs it)
+    python -m tools.gpu_check                 # on a machine with a CUDA GPU
+    python -m tools.gpu_check --device=cpu    # the same checks rehearsed on a CPU (CI runs it)
 
 1. cuda tests:  the tests that only run on CUDA (pytest -k cuda: the grouped-GEMM MoE path
                 against the loop in bf16)
@@ -39,9 +39,9 @@ import warnings
 
 from checkpoint import read_metrics
 from configurator import ConfigError, check_device, configure, one_of
-from train_defaults import DEFAULTS
+from config.defaults import DEFAULTS
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 
 # What each device runs: the same checks at sizes that fit it. The GPU's are one GPU's
 # micro-batch. The CPU's keep every code path (in the resume runs the 124M models' real width and
@@ -190,7 +190,7 @@ def speed_figures(row):
 
 
 def check_speed(settings):
-    rc, out = run([sys.executable, "bench.py", "config/baseline_124m.py",
+    rc, out = run([sys.executable, "-m", "tools.bench", "config/baseline_124m.py",
                    "--compare=config/unified_124m.py", "--interleave=True", *settings["speed"],
                    f"--dtype={settings['dtype']}"])
     table = parse_table(out)

@@ -15,12 +15,12 @@ import time
 
 import pytest
 
-import grids
-import report
-import reproduce
+from study import grids
+from study import report
+from study import reproduce
 from checkpoint import read_metrics as read_lines
 from conftest import ROOT
-from grids import Variant
+from study.grids import Variant
 
 
 def read_metrics(run_dir, kind="eval"):
@@ -110,8 +110,8 @@ def test_other_settings_are_refused_more_seeds_are_not_and_a_subset_summarizes_t
         tmp_path, monkeypatch, capsys):
     # a copy of the committed results at the same relative path (runs' --out_dir)
     monkeypatch.chdir(tmp_path)
-    res = tmp_path / "results" / "default"
-    shutil.copytree(os.path.join(ROOT, "results", "default"), res,
+    res = tmp_path / "study" / "results" / "default"
+    shutil.copytree(os.path.join(ROOT, "study", "results", "default"), res,
                     ignore=shutil.ignore_patterns("*.png", "summary.*"))
     with pytest.raises(SystemExit) as e:   # a different size would overwrite all 66 results
         reproduce.main(["--max_iters=500", "--dry_run"])
@@ -131,7 +131,7 @@ def test_other_settings_are_refused_more_seeds_are_not_and_a_subset_summarizes_t
     assert reproduce.main(["--variants=noscale"]) == 0   # nothing to run: summarize
     with open(res / "summary.json") as f:
         rows = {r["variant"]: r for r in json.load(f)["rows"]}
-    with open(os.path.join(ROOT, "results", "default", "summary.json")) as f:
+    with open(os.path.join(ROOT, "study", "results", "default", "summary.json")) as f:
         committed = {r["variant"]: r for r in json.load(f)["rows"]}
     # the whole grid, not the subset
     assert rows.keys() == committed.keys() and len(rows) == len(grids.default_grid())
@@ -218,7 +218,7 @@ NODE_ARGV = ["--grid=pair", "--launcher=torchrun", "--nproc_per_node=2", "--seed
              "--results_dir=node", f"--extra={NODE_TINY}"]
 NODE_GRID = """
 import sys, reproduce
-from grids import Variant
+from study.grids import Variant
 grids = {"pair": [Variant("a", "config/baseline_char.py", [], None, "", 0),
                   Variant("b", "config/baseline_char.py", [], "a", "same as a", -1)]}
 sys.exit(reproduce.main(sys.argv[1:], grids))
@@ -480,8 +480,8 @@ def test_the_metrics_reader_skips_a_torn_last_line(tmp_path):
 def test_summary_only_rewrites_the_committed_summary_from_its_results_and_runs_nothing(
         tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    res = tmp_path / "results" / "default"
-    shutil.copytree(os.path.join(ROOT, "results", "default"), res,
+    res = tmp_path / "study" / "results" / "default"
+    shutil.copytree(os.path.join(ROOT, "study", "results", "default"), res,
                     ignore=shutil.ignore_patterns("*.png", "summary.*"))
     monkeypatch.setattr(reproduce.Runner, "__call__",
                         lambda *a, **k: pytest.fail("--summary_only must run nothing"))
@@ -490,7 +490,7 @@ def test_summary_only_rewrites_the_committed_summary_from_its_results_and_runs_n
     assert reproduce.main(["--summary_only"]) == 0
     with open(res / "summary.json") as f:
         new = {r["variant"]: r for r in json.load(f)["rows"]}
-    with open(os.path.join(ROOT, "results", "default", "summary.json")) as f:
+    with open(os.path.join(ROOT, "study", "results", "default", "summary.json")) as f:
         old = {r["variant"]: r for r in json.load(f)["rows"]}
     assert set(new) == set(old) and all(new[v]["n"] >= 3 for v in new)
     for v, r in old.items():   # seeds 1-3 are committed for every variant: the same means over them
@@ -745,7 +745,7 @@ def test_the_code_version_names_the_commit_and_hashes_uncommitted_edits():
 
 LONG_GRID = """
 import sys, reproduce
-from grids import Variant
+from study.grids import Variant
 sys.exit(reproduce.main(sys.argv[1:], \
 {"g": [Variant("a", "config/baseline_char.py", [], None, "", 0)]}))
 """

@@ -1,16 +1,20 @@
 """
-The prepared datasets' readers, shared by train.py, sample.py, export_hf.py and prepare_data.py:
-where a dataset lives, its meta.json, and the tokenizer that meta.json names.
+The prepared datasets, as every tool reads them: where a dataset lives, its meta.json, the
+tokenizer it names, and its token files (prepare_data.py writes them; train.py, sample.py and the
+tools read them).
 
-A dataset named NAME lives in data/NAME under the working directory, for every tool: prepare_data.py
-writes it there and train.py, sample.py, export_hf.py and bench.py read it there (as in nanoGPT).
+A dataset named NAME lives in data/NAME under the working directory, for every tool (as in
+nanoGPT): meta.json, and train.bin and val.bin, uint16 token ids. Bad input is one sentence
+(SystemExit) naming the file and what to do.
 """
 import base64
 import functools
 import hashlib
 import json
+import os
 from pathlib import Path
 
+import numpy as np
 import tiktoken
 
 ROOT = Path(__file__).parent
@@ -129,3 +133,79 @@ def get_tokenizer(meta):
         return encode, lambda ids: "".join(chars[i] for i in ids)
     raise SystemExit(f"error: unknown tokenizer {meta['tokenizer']!r} in meta.json "
                      f"(expected {KNOWN})")
+
+
+# ---- token files --------------------------------------------------------------------------------
+
+def file_id(path):
+    """(inode, size, mtime) of a file, or None: what tells that it is still the file checked."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+class TokenFile:
+    """One split, data/<name>/<split>.bin: uint16 token ids, checked when opened (the file exists,
+    holds more than block_size + 1 tokens and no id beyond the vocabulary; a val split too short
+    would otherwise fail only at the first evaluation). Read with pread, never through a memmap: a
+    file cut short under a running trainer is then a short read and one sentence, where a memmap
+    would kill the process with SIGBUS and no message."""
+
+    def __init__(self, path, block_size, vocab_size):
+        self.path, self.block_size, self.vocab_size = str(path), block_size, vocab_size
+        if not os.path.isfile(path) or os.path.getsize(path) == 0:
+            raise SystemExit(f"error: {path} is {'empty' if os.path.isfile(path) else 'missing'}: "
+                             "prepare the dataset again (python prepare_data.py ...)")
+        if os.path.getsize(path) % 2:   # uint16 tokens: two bytes each
+            raise SystemExit(f"error: {path} has an odd number of bytes "
+                             f"({os.path.getsize(path):,}): it is cut short or not uint16 tokens; "
+                             "prepare the dataset again")
+        self.id = file_id(path)
+        n = self.id[1] // 2
+        if n <= block_size + 1:
+            raise SystemExit(f"error: {path} has {n} tokens, not more than block_size={block_size} "
+                             "+ 1: lower --block_size or prepare more text")
+        # every token of a split of up to 256M tokens (~0.5 s); of a larger one (FineWeb: 20 GB)
+        # 16 spread-out slices of 4M, and rows() checks each batch as it is read
+        chunk = 1 << 22
+        starts = (range(0, n, chunk) if n <= 1 << 28
+                  else np.linspace(0, n - chunk, 16).astype(np.int64))
+        for i in starts:
+            self.check_ids(self.read([i], min(chunk, n - int(i))))
+
+    def __len__(self):
+        """The number of tokens, as checked when opened; a file changed since (cut short,
+        prepared again) is one sentence."""
+        if file_id(self.path) != self.id:
+            self.changed()
+        return self.id[1] // 2
+
+    def read(self, starts, n):
+        """(len(starts), n) tokens as int64, a row of n from each start."""
+        with open(self.path, "rb") as f:
+            raw = [os.pread(f.fileno(), 2 * n, 2 * int(i)) for i in starts]
+        if any(len(r) < 2 * n for r in raw):
+            self.changed()
+        ids = np.frombuffer(b"".join(raw), dtype=np.uint16)
+        return ids.reshape(len(starts), n).astype(np.int64)
+
+    def rows(self, starts):
+        """A row of block_size + 1 tokens from each start: a batch's inputs and, shifted by one,
+        its targets."""
+        rows = self.read(starts, self.block_size + 1)
+        self.check_ids(rows)
+        return rows
+
+    def check_ids(self, ids):
+        if ids.size and ids.max() >= self.vocab_size:
+            raise SystemExit(f"error: {self.path} holds token id {ids.max()}, beyond "
+                             f"vocab_size={self.vocab_size} in meta.json: the data and its "
+                             "meta.json disagree; prepare the dataset again")
+
+    def changed(self):
+        raise SystemExit(f"error: {self.path} changed under the running trainer (cut short, "
+                         "replaced or removed): restore it as it was, then continue from the last "
+                         "checkpoint with --init_from=resume")
+

@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-import gpu_check
+from tools import gpu_check
 from conftest import ROOT
 
 CHECKS = ["cuda tests", "compile", "speed", "resume unified_124m", "resume moe_unified_124m"]
@@ -78,7 +78,7 @@ def test_a_bad_command_line_is_one_sentence(argv, message):
 def test_gpu_check_without_cuda_says_so_in_one_line():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the check itself runs here")
-    p = subprocess.run([sys.executable, "gpu_check.py"], cwd=ROOT, capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-m", "tools.gpu_check"], cwd=ROOT, capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 0 and p.stderr == "" and p.stdout.count("\n") == 1
     assert "no CUDA device" in p.stdout and "--device=cpu" in p.stdout
@@ -99,7 +99,7 @@ def test_gpu_check_resume_check_on_cpu(workdir, monkeypatch):
 
 @pytest.mark.slow   # ~6 CPU-minutes: two compiles, two 124M models, four torchrun runs
 def test_gpu_check_rehearsed_on_the_cpu_passes():
-    p = subprocess.run([sys.executable, "gpu_check.py", "--device=cpu"], cwd=ROOT,
+    p = subprocess.run([sys.executable, "-m", "tools.gpu_check", "--device=cpu"], cwd=ROOT,
                        capture_output=True, text=True, timeout=1500)
     print(p.stdout)   # the lines a GPU will print, in CI's log
     assert p.returncode == 0, p.stdout + p.stderr[-3000:]
