@@ -23,3 +23,7 @@ lr_decay_iters = 2000
 min_lr = 1e-4
 beta2 = 0.99           # a little larger because there are few tokens per iteration
 warmup_iters = 100
+# compile stays off (config/defaults.py): on 2 CPU cores the 2000 iterations took 128 s eager
+# and 170 s compiled, inductor's ~45 s of compiling not earned back at 47-53 against 58-63 ms a
+# step; unified 179 s either way (issue 29, `/usr/bin/time python train.py config/X.py
+# --compile=B`). The 124M configs compile: on a GPU that is where the speed is.

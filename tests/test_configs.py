@@ -16,13 +16,14 @@ import pytest
 import torch
 
 import checkpoint
-import gpu_check
+from tools import gpu_check
 import prepare_data
 from conftest import ROOT
 from helpers import ENV
 from model import GPT, GPTConfig
 
-CONFIGS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "config", "*.py")))
+CONFIGS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "config", "*.py"))
+                 if not p.endswith("defaults.py"))   # every key's default, not a config
 
 
 def vocab_size(dataset):
@@ -35,9 +36,9 @@ def vocab_size(dataset):
 
 
 @functools.lru_cache(maxsize=None)
-def readme_sizes():
-    """{config file: (parameters, active parameters)} from the README's table of config sizes."""
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+def design_sizes():
+    """{config file: (parameters, active parameters)} from DESIGN.md's table of config sizes."""
+    with open(os.path.join(ROOT, "DESIGN.md"), encoding="utf-8") as f:
         lines = [line.strip() for line in f]
     head = next(i for i, line in enumerate(lines) if line.startswith("| config | `_char`"))
     suffixes = [c.strip(" `") for c in lines[head].strip("|").split("|")[1:]]   # "_char", ...
@@ -54,8 +55,8 @@ def readme_sizes():
     return sizes
 
 
-def test_the_readme_states_a_size_for_exactly_the_configs_there_are():
-    assert sorted(readme_sizes()) == CONFIGS
+def test_design_states_a_size_for_exactly_the_configs_there_are():
+    assert sorted(design_sizes()) == CONFIGS
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -64,7 +65,7 @@ def test_config_builds_a_model_and_optimizers_of_the_stated_size(name):
     model_args = {f.name: cfg[f.name] for f in fields(GPTConfig) if f.name != "vocab_size"}
     with torch.device("meta"):
         model = GPT(GPTConfig(**model_args, vocab_size=vocab_size(cfg["dataset"])))
-    assert (model.num_params(), model.num_active_params()) == readme_sizes()[name]
+    assert (model.num_params(), model.num_active_params()) == design_sizes()[name]
     # the optimizers as train.py builds them (not fused: meta tensors have no fused kernel)
     groups = model.param_groups(cfg["weight_decay"], cfg["sv_weight_decay"],
                                 muon=cfg["optimizer"] == "muon")
