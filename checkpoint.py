@@ -427,11 +427,11 @@ def clear_run(out_dir):
             os.remove(path)
 
 
-def open_run(out_dir, init_from, iter_num):
-    """Take the run folder for this trainer: its lock (one trainer per out_dir), then metrics.jsonl
-    opened for appending. A scratch run removes an earlier run's checkpoints and metrics (it is
-    there only with --overwrite=True: check_out_dir); a resumed one drops what was logged after
-    its checkpoint."""
+def open_run(out_dir, init_from, iter_num, wandb=None):
+    """Take the run folder for this trainer: its lock (one trainer per out_dir), then its RunLog.
+    A scratch run removes an earlier run's checkpoints and metrics (it is there only with
+    --overwrite=True: check_out_dir); a resumed one drops what was logged after its checkpoint.
+    wandb: wandb.init's arguments, to log there too."""
     metrics = os.path.join(out_dir, "metrics.jsonl")
     try:
         lock(out_dir)
@@ -440,9 +440,49 @@ def open_run(out_dir, init_from, iter_num):
         else:
             private_file(metrics)   # a link would log into another run's (or any) file
             trim_metrics(metrics, iter_num)
-        return open_append(metrics)
+        return RunLog(open_append(metrics), out_dir, wandb)
     except OSError as e:
         raise CheckpointError(write_error(metrics, e, out_dir)) from None
+
+
+class RunLog:
+    """out_dir/metrics.jsonl, one JSON record per line, and the same records to Weights & Biases
+    when asked (as in nanoGPT: optional, its files in out_dir, a resumed run continues its
+    run)."""
+
+    def __init__(self, file, out_dir, wandb=None):
+        self.file, self.out_dir, self.wandb = file, out_dir, None
+        if wandb:
+            try:
+                import wandb as wb
+            except ImportError:
+                raise SystemExit("error: --wandb_log=True needs wandb, which is not installed: "
+                                 "pip install wandb") from None
+            self.wandb = wb.init(resume="allow", dir=out_dir, **wandb)
+
+    def log(self, record=None, durable=False):
+        """Append a record; durable=True: fsync, as before a checkpoint (a resume trims to it)."""
+        try:
+            self.file.write(json.dumps(record) + "\n" if record else "")
+            self.file.flush()
+            if durable:
+                os.fsync(self.file.fileno())
+        except OSError as e:
+            raise SystemExit(f"error: {write_error(self.file.name, e, self.out_dir)}") from None
+        if self.wandb and record:
+            self.wandb.log({f"{record['kind']}/{k}": v for k, v in scalars(record).items()},
+                           step=record["iter"])
+
+
+def scalars(record, prefix=""):
+    """A record's numbers, nested keys joined by '/' (what wandb plots)."""
+    out = {}
+    for k, v in record.items() if isinstance(record, dict) else enumerate(record):
+        if isinstance(v, (dict, list)):
+            out.update(scalars(v, f"{prefix}{k}/"))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def read_metrics(path):

@@ -151,9 +151,10 @@ class TokenFile:
     holds more than block_size + 1 tokens and no id beyond the vocabulary; a val split too short
     would otherwise fail only at the first evaluation). Read with pread, never through a memmap: a
     file cut short under a running trainer is then a short read and one sentence, where a memmap
-    would kill the process with SIGBUS and no message."""
+    would kill the process with SIGBUS and no message. limit > 0: only its first `limit` tokens
+    are read (train.py's train_tokens)."""
 
-    def __init__(self, path, block_size, vocab_size):
+    def __init__(self, path, block_size, vocab_size, limit=0):
         self.path, self.block_size, self.vocab_size = str(path), block_size, vocab_size
         if not os.path.isfile(path) or os.path.getsize(path) == 0:
             raise SystemExit(f"error: {path} is {'empty' if os.path.isfile(path) else 'missing'}: "
@@ -164,6 +165,10 @@ class TokenFile:
                              "prepare the dataset again")
         self.id = file_id(path)
         n = self.id[1] // 2
+        if limit > n:
+            raise SystemExit(f"error: train_tokens={limit:,} but {path} has {n:,} tokens: lower "
+                             "--train_tokens (0: all of them)")
+        n = self.n = limit or n
         if n <= block_size + 1:
             raise SystemExit(f"error: {path} has {n} tokens, not more than block_size={block_size} "
                              "+ 1: lower --block_size or prepare more text")
@@ -180,7 +185,7 @@ class TokenFile:
         prepared again) is one sentence."""
         if file_id(self.path) != self.id:
             self.changed()
-        return self.id[1] // 2
+        return self.n
 
     def read(self, starts, n):
         """(len(starts), n) tokens as int64, a row of n from each start."""

@@ -136,11 +136,16 @@ class DecayPolicy(NamedTuple):
     toward: float = 0.0
 
 
-# train.py's sv_weight_decay: which scale vectors get weight_decay (matrices, embeddings: always)
+# train.py's sv_weight_decay: which scale vectors get decayed (matrices, embeddings: always), by
+# train.py's sv_decay (default: weight_decay's value)
 DECAY_POLICIES = {
     "none": DecayPolicy(decays=()),
-    "iwd": DecayPolicy(decays=("sv_input",)),   # paper 2.2: only the Input-Norm ones, which fold
-    "all": DecayPolicy(decays=("sv_input", "sv_output")),
+    # paper 2.2: only the Input-Norm ones, which fold (g_final, before the head, is one)
+    "iwd": DecayPolicy(decays=("sv_input", "sv_final")),
+    # IWD's control (our choice): the blocks' Input-Norms, not g_final, the one vector that still
+    # acts on the function under DNP (DESIGN.md)
+    "iwd_blocks": DecayPolicy(decays=("sv_input",)),
+    "all": DecayPolicy(decays=("sv_input", "sv_final", "sv_output")),
 }
 
 # The named variants of the paper (config/<name>_char.py, config/<name>_124m.py and the rows of
@@ -163,6 +168,7 @@ VARIANTS = {
     "gemma_none": dict(GEMMA, sv_weight_decay="none"),
     "gemma_iwd": dict(GEMMA, sv_weight_decay="iwd"),
     "gemma_all": dict(GEMMA, sv_weight_decay="all"),
+    "gemma_iwd_blocks": dict(GEMMA, sv_weight_decay="iwd_blocks"),
     "unified": UNIFIED,
     "unified_head": dict(UNIFIED, sv_dnp_width="head"),
     "unified_novec": dict(UNIFIED, sv_placement="dnp_novec"),
@@ -660,8 +666,9 @@ class GPT(nn.Module):
 
     def param_classes(self):
         """name -> class for every parameter, each in exactly one class: 'matrix', 'embedding'
-        (input, untied output), 'sv_input' (foldable: an Input-Norm vector or DP's g_out) or
-        'sv_output' (cannot fold)."""
+        (input, untied output), 'sv_input' (foldable: a block's Input-Norm vector or DP's g_out),
+        'sv_final' (g_final, the Input-Norm vector before the head) or 'sv_output' (cannot
+        fold)."""
         classes, seen = {}, set()
         for mname, m in self.named_modules():
             for pname, p in m.named_parameters(recurse=False):
@@ -669,7 +676,7 @@ class GPT(nn.Module):
                     continue
                 seen.add(id(p))
                 if isinstance(m, ScaleVector):
-                    cls = "sv_" + m.kind
+                    cls = "sv_final" if m is self.g_final else "sv_" + m.kind
                 elif m is self.wte or m is self.head:   # the input and output embeddings
                     cls = "embedding"
                 elif p.dim() >= 2:
@@ -680,9 +687,10 @@ class GPT(nn.Module):
                 classes[f"{mname}.{pname}" if mname else pname] = cls
         return classes
 
-    def param_groups(self, weight_decay, sv_weight_decay="none", muon=False):
+    def param_groups(self, weight_decay, sv_weight_decay="none", muon=False, sv_decay=None):
         """Optimizer groups, one per class of param_classes() (and optimizer). Matrices and
-        embeddings are decayed; scale vectors as DECAY_POLICIES[sv_weight_decay] says (paper 2.2);
+        embeddings are decayed by weight_decay; scale vectors as DECAY_POLICIES[sv_weight_decay]
+        says (paper 2.2), by sv_decay (None: weight_decay);
         a group whose vectors are pulled toward a value other than 0 leaves AdamW's weight_decay at
         0 and carries its own (decay, toward) for optimizer_step. muon=True: the 2-D hidden matrices
         go to Muon (torch.optim.Muon takes 2-D tensors only, so the stacked (E, out, in) weights of
@@ -691,11 +699,12 @@ class GPT(nn.Module):
         decayed = {"matrix", "embedding", *policy.decays}
         classes, params = self.param_classes(), dict(self.named_parameters())
         groups = []
-        for cls in ("matrix", "embedding", "sv_input", "sv_output"):
+        for cls in ("matrix", "embedding", "sv_input", "sv_final", "sv_output"):
             members = [params[n] for n, c in classes.items() if c == cls]
             to_muon = [p for p in members if muon and cls == "matrix" and p.dim() == 2]
             to_adamw = [p for p in members if not any(p is q for q in to_muon)]
-            wd = weight_decay if cls in decayed else 0.0
+            coef = weight_decay if sv_decay is None or not cls.startswith("sv_") else sv_decay
+            wd = coef if cls in decayed else 0.0
             toward = policy.toward if cls in policy.decays else 0.0
             for opt, ps in (("muon", to_muon), ("adamw", to_adamw)):
                 if not ps:
@@ -712,11 +721,12 @@ class GPT(nn.Module):
         return groups
 
     def configure_optimizers(self, weight_decay, sv_weight_decay, learning_rate, betas,
-                             device_type, optimizer="adamw", muon_lr=0.0, muon_momentum=0.95):
+                             device_type, optimizer="adamw", muon_lr=0.0, muon_momentum=0.95,
+                             sv_decay=None):
         """AdamW over the groups of param_groups(); optimizer="muon": Muon takes the 2-D hidden
         matrices instead (its update scaled to AdamW's RMS, so muon_lr is on AdamW's scale). Each
         group's base_lr is what train.py's schedule scales."""
-        groups = self.param_groups(weight_decay, sv_weight_decay, muon=optimizer == "muon")
+        groups = self.param_groups(weight_decay, sv_weight_decay, optimizer == "muon", sv_decay)
         for g in groups:
             g["base_lr"] = muon_lr if g["optimizer"] == "muon" else learning_rate
         # the fused kernel: one pass over all tensors (on a CPU, 3-4x faster than the loop)
@@ -744,6 +754,52 @@ class GPT(nn.Module):
                         key = f"{name}.{m.names[i]}" if m.names else f"{name}.{i}"
                     stats[key] = [row.mean().item(), row.min().item(), row.max().item()]
         return stats
+
+    @torch.no_grad()
+    def fed_maps(self):
+        """{map: (W as (blocks, rows, d_in), g as (1 or blocks, d_in) or None)}, copies, for every
+        linear map fed by Norm(x) (qkv, gate|up, the experts, the router, the head), g the
+        Input-Norm vector that meets its input (paper 2.2; None without scale vectors): the maps
+        whose folded weight W diag(g) the vector preconditions."""
+        shared = {f"{n}.{s}": m.g_in for n, m in self.named_modules()   # an MoE's g_ffn
+                  if isinstance(m, MoE) and m.g_in is not None
+                  for s in ("router", "experts", "shared.gate_up")}
+        shared["head"] = self.g_final
+        maps = {}
+        for name, m in self.named_modules():
+            if isinstance(m, ScaledLinear):
+                sv = m.g_in or shared.get(name)
+                maps[name] = (m.weight.reshape(m.n_blocks, -1, m.weight.size(-1)).float().clone(),
+                              sv().float() if sv is not None else None)
+        return maps
+
+    @torch.no_grad()
+    def preconditioning(self, before=None):
+        """Telemetry of the paper's mechanism (2.2, DESIGN.md "Preconditioning, measured"), per map
+        of fed_maps(): the spread of g ([std, min, max, 10%, 50%, 90%]); the correlation over
+        columns j of g_j with ||W[:, j]|| and with ||W'[:, j]||, W' = W diag(g) the folded map;
+        with `before` (fed_maps() one optimizer step earlier): `update_exp`, the exponent p of
+        ||dW'[:, j]|| ~ g_j^p (a log-log fit; the preconditioner is g^2 for SGD), `update_corr`
+        the correlation of g_j with log ||dW'[:, j]||, and `update_cv` the spread of the column
+        updates (std / mean)."""
+        out = {}
+        for name, (W, g) in self.fed_maps().items():
+            g = torch.ones(1, W.size(-1), device=W.device) if g is None else g
+            g = g.expand(W.size(0), -1)                            # (blocks, d_in)
+            col = W.norm(dim=1)                                    # ||W[:, j]|| per block
+            q = torch.quantile(g.flatten(), torch.tensor([0.1, 0.5, 0.9], device=g.device))
+            stats = {"g": [g.std().item(), g.min().item(), g.max().item(), *q.tolist()]}
+            stats["corr_w"], stats["corr_wg"] = corr(g, col), corr(g, col * g)
+            if before is not None:
+                W0, g0 = before[name]
+                g0 = torch.ones_like(g) if g0 is None else g0.expand_as(g)
+                dcol = (W * g.unsqueeze(1) - W0 * g0.unsqueeze(1)).norm(dim=1)
+                log_d = dcol.clamp(min=1e-30).log()
+                stats["update_cv"] = (dcol.std() / dcol.mean()).item()
+                stats["update_exp"] = slope(g.log(), log_d)
+                stats["update_corr"] = corr(g.log(), log_d)
+            out[name] = stats
+        return out
 
     @torch.no_grad()
     def fold_scale_vectors(self):
@@ -871,6 +927,22 @@ def optimizer_table(optimizers):
                      f"{sum(p.numel() for p in g['params']):>12,} "
                      f"{g['base_lr']:>8.1e} {g['weight_decay']:>6}")
     return "\n".join(lines)
+
+
+def corr(a, b):
+    """Pearson's correlation of two tensors' entries; None where either is constant (g at
+    init)."""
+    a, b = a.flatten().double(), b.flatten().double()
+    a, b = a - a.mean(), b - b.mean()
+    den = (a.norm() * b.norm()).item()
+    return (a @ b).item() / den if den > 1e-12 else None
+
+
+def slope(x, y):
+    """The least-squares slope of y on x; None where x is constant."""
+    x, y = x.flatten().double(), y.flatten().double()
+    x = x - x.mean()
+    return (x @ (y - y.mean())).item() / (x @ x).item() if (x @ x).item() > 1e-12 else None
 
 
 def default_device():

@@ -12,7 +12,6 @@ by train.py: run only those you trust. The values each key allows are one table,
 configurator.TRAIN_RULES, checked before anything is written; the checks of the data and of a
 checkpoint live in dataset.py and checkpoint.py, each bad input one sentence.
 """
-import json
 import math
 import os
 import signal
@@ -84,8 +83,8 @@ if master:
 # ---- data: uint16 token files; a batch depends only on (seed, step, micro-step) ---------------
 data_dir = dataset_dir(dataset)
 meta = load_meta(data_dir)
-splits = {s: TokenFile(data_dir / f"{s}.bin", block_size, meta["vocab_size"])
-          for s in ("train", "val")}
+splits = {s: TokenFile(data_dir / f"{s}.bin", block_size, meta["vocab_size"],
+                       limit=train_tokens if s == "train" else 0) for s in ("train", "val")}
 
 
 def batch(split, starts):
@@ -106,12 +105,15 @@ def train_batch(step, micro):
     return batch("train", rng.integers(0, len(splits["train"]) - block_size - 1, size=batch_size))
 
 
-def eval_batches(split):
-    """eval_iters batches at evenly spaced, fixed offsets: identical for every run and variant."""
-    starts = np.linspace(0, len(splits[split]) - block_size - 1,
-                         eval_iters * batch_size).astype(np.int64)
-    for k in range(rank, eval_iters, world_size):   # shared out over processes, summed below
-        yield batch(split, starts[k * batch_size : (k + 1) * batch_size])
+def eval_starts(split, full=False):
+    """The rows an evaluation reads: eval_iters batches at evenly spaced, fixed offsets, identical
+    for every run and variant; full=True: windows that tile the whole val split, and as many from
+    the start of the train split (the tables' figure: the batches sample 15k of 111k val tokens)."""
+    if not full:
+        return np.linspace(0, len(splits[split]) - block_size - 1,
+                           eval_iters * batch_size).astype(np.int64)
+    n = min((len(splits[s]) - 1) // block_size for s in ("val", split))
+    return np.arange(n) * block_size
 
 
 # ---- model and optimizers, from scratch or from the last checkpoint ----------------------------
@@ -136,7 +138,7 @@ if master:
           f"({model.num_active_params() / 1e6:.2f}M active per token)")
 optimizers = raw_model.configure_optimizers(weight_decay, sv_weight_decay, learning_rate,
                                            (beta1, beta2), device_type, optimizer, muon_lr,
-                                           muon_momentum)
+                                           muon_momentum, None if sv_decay < 0 else sv_decay)
 if master:
     print(optimizer_table(optimizers))
 param_names = {p: name for name, p in raw_model.named_parameters()}   # named in checkpoints
@@ -147,6 +149,7 @@ if ckpt:
                                       iter_num)
     except CheckpointError as e:
         sys.exit(f"error: {e}")
+wandb_id = (ckpt or {}).get("wandb_id") or os.urandom(4).hex()   # a resume continues its run
 ckpt = None   # free memory
 if compile:
     model = torch.compile(model)
@@ -155,16 +158,18 @@ if ddp:
 
 
 @torch.no_grad()
-def evaluate():
-    """Mean loss over the fixed batches of each split, summed over processes."""
+def evaluate(full=False):
+    """Mean loss of each split over the rows of eval_starts, in batches shared out over the
+    processes and summed."""
     raw_model.eval()
     out = {}
     for split in ("train", "val"):
-        total = torch.zeros(2, device=device, dtype=weights_dtype)
-        for x, y in eval_batches(split):
+        starts, total = eval_starts(split, full), torch.zeros(2, device=device, dtype=weights_dtype)
+        for k in range(rank * batch_size, len(starts), world_size * batch_size):
+            x, y = batch(split, starts[k : k + batch_size])
             with autocast:
                 _, loss = raw_model(x, y)
-            total += torch.stack([loss.to(weights_dtype), torch.ones_like(total[0])])
+            total += torch.stack([loss.to(weights_dtype) * len(x), total.new_tensor(len(x))])
         if ddp:
             dist.all_reduce(total)
         out[split] = (total[0] / total[1]).item()
@@ -190,22 +195,14 @@ def lr_factor(it):
 
 
 # ---- the run folder: a lock, metrics.jsonl (one JSON record per line), checkpoints --------------
-if master:
-    try:   # a scratch run clears an earlier one (--overwrite=True); a resume trims its metrics
-        metrics_file = checkpoint.open_run(out_dir, init_from, iter_num)
+if master:   # a scratch run clears an earlier one (--overwrite=True); a resume trims its metrics
+    try:
+        run_log = checkpoint.open_run(out_dir, init_from, iter_num, wandb=wandb_log and dict(
+            project=wandb_project, id=wandb_id, config=config,
+            name=wandb_run_name or os.path.basename(os.path.normpath(out_dir))))
     except CheckpointError as e:
         sys.exit(f"error: {e}")
-
-
-def log_metrics(record=None, durable=False):
-    """Append a record; durable=True: fsync, as before a checkpoint (a resume trims to it)."""
-    try:
-        metrics_file.write(json.dumps(record) + "\n" if record else "")
-        metrics_file.flush()
-        if durable:
-            os.fsync(metrics_file.fileno())
-    except OSError as e:
-        sys.exit(f"error: {checkpoint.write_error(metrics_file.name, e, out_dir)}")
+log_metrics = run_log.log if master else None
 
 
 def save_checkpoint():
@@ -223,7 +220,8 @@ def save_checkpoint():
     if master:
         state = {"model": raw_model.state_dict(), "model_args": model_args, "config": config,
                  "optimizers": [checkpoint.optimizer_state(o, param_names) for o in optimizers],
-                 "iter_num": iter_num, "best_val_loss": best_val_loss, "vocab": vocabulary(meta)}
+                 "iter_num": iter_num, "best_val_loss": best_val_loss, "vocab": vocabulary(meta),
+                 "wandb_id": wandb_id}
         log_metrics(durable=True)
         try:
             path = checkpoint.save(out_dir, state, iter_num, keep_checkpoints)
@@ -267,7 +265,7 @@ peak = mfu_peak_flops or peak_flops(torch.device(device), torch.bfloat16 if dtyp
                                     else weights_dtype)
 start_iter, last_ckpt = iter_num, (ckpt_path if init_from == "resume" else None)
 step_loss = torch.zeros((), device=device, dtype=weights_dtype)   # checked before every save
-t0, timed_steps = time.perf_counter(), 0
+t0, timed_steps, before = time.perf_counter(), 0, None
 while True:
     # a resumed run's first step was evaluated before its checkpoint was saved (a stop signal during
     # the step-0 evaluation saves ckpt_0000000.pt after it): not again
@@ -281,12 +279,20 @@ while True:
                          "val_loss": losses["val"], "lr": learning_rate * lr_factor(iter_num),
                          "scale_vectors": raw_model.scale_vector_stats(),
                          "moe": raw_model.moe_stats()})
+            before = raw_model.fed_maps()   # the folded maps, for the next step's update
         stop_if_diverged("validation loss", losses["val"])
         best_val_loss = min(best_val_loss, losses["val"])
         if iter_num > start_iter:
             last_ckpt = save_checkpoint()
         t0, timed_steps = time.perf_counter(), 0   # evaluation is not training time
     if iter_num >= max_iters:
+        if final_eval and (iter_num > start_iter or init_from == "resume"):
+            losses = evaluate(full=True)
+            if master:
+                print(f"whole val split: loss {losses['val']:.4f} "
+                      f"(train split, as many tokens: {losses['train']:.4f})")
+                log_metrics({"kind": "final", "iter": iter_num, "val_loss": losses["val"],
+                             "train_loss": losses["train"]})
         break
     if stop_requested():
         if master:
@@ -314,8 +320,12 @@ while True:
     raw_model.update_expert_bias(reduce=dist.all_reduce if ddp else None)   # MoE; else nothing
     iter_num += 1
     timed_steps += 1
+    if master and before is not None:   # paper 2.2: one step of the maps the vectors precondition
+        log_metrics({"kind": "precond", "iter": iter_num,
+                     "maps": raw_model.preconditioning(before)})
+        before = None
 
-    if iter_num % log_interval == 0:
+    if iter_num % log_interval == 0 or iter_num == start_iter + 1:   # a first line at once
         if ddp:
             dist.all_reduce(step_loss, op=dist.ReduceOp.AVG)
         loss_f = step_loss.item()   # waits for the device: only once per log interval
@@ -324,9 +334,11 @@ while True:
         stop_if_diverged("training loss", loss_f)
         if master:
             mfu = flops_per_iter / dt / peak if peak else None   # only against a known peak
-            print(f"iter {iter_num}: loss {loss_f:.4f}, lr {learning_rate * factor:.2e}, "
-                  f"{dt * 1000:.1f} ms/iter, {tokens_per_iter / dt:,.0f} tok/s"
-                  + (f", mfu {100 * mfu:.1f}%" if mfu is not None else ""))
+            left = int(dt * (max_iters - iter_num))   # of training; evaluations not counted
+            print(f"iter {iter_num}/{max_iters}: loss {loss_f:.4f}, lr {learning_rate * factor:.2e}"
+                  f", {dt * 1000:.1f} ms/iter, {tokens_per_iter / dt:,.0f} tok/s"
+                  + (f", mfu {100 * mfu:.1f}%" if mfu is not None else "")
+                  + f", eta {left // 3600}h{left // 60 % 60:02d}m{left % 60:02d}s")
             log_metrics({"kind": "train", "iter": iter_num, "loss": loss_f,
                          "lr": learning_rate * factor, "grad_norm": grad_norm.item(),
                          "ms_per_iter": 1000 * dt, "tokens_per_s": tokens_per_iter / dt,

@@ -20,10 +20,16 @@ overwrite = False          # scratch into an out_dir that holds a run: True dele
                            # and metrics
 resume_fallback = False    # on resume, skip a corrupt newest checkpoint for the one before it
 keep_checkpoints = 3
+final_eval = True          # at the end: the loss on the whole val split and on as many train tokens
+wandb_log = False          # also log to Weights & Biases (pip install wandb), rank 0 only
+wandb_project = "scale-vectors"
+wandb_run_name = ""        # "": out_dir's name; a resumed run continues the same wandb run
 # data
 dataset = "shakespeare_char"   # data/<dataset>/{train,val}.bin from prepare_data.py
 batch_size = 12            # sequences per micro-step and process
 gradient_accumulation_steps = 1   # micro-steps per optimizer step, summed over all processes
+train_tokens = 0           # train on the first N tokens of train.bin only (0: all of them): less
+                           # text, the same validation split
 # model: every field of model.GPTConfig is a key too (block_size, n_layer, sv_hetero, ...); the
 # vocabulary's size comes from the dataset's meta.json, not from a key
 globals().update({f.name: f.default for f in fields(GPTConfig) if f.name != "vocab_size"})
@@ -35,8 +41,9 @@ muon_lr = 0.0              # 0: learning_rate (Muon's update is scaled to AdamW'
 muon_momentum = 0.95
 max_iters = 5000
 weight_decay = 0.1         # on matrices and embeddings
-sv_weight_decay = "none"   # which scale vectors get weight_decay, and toward what: a key of
+sv_weight_decay = "none"   # which scale vectors get decayed, and toward what: a key of
                            # model.DECAY_POLICIES ("none" | "all" | "iwd": Input-Norm vectors only)
+sv_decay = -1.0            # their weight decay; -1: weight_decay's value
 beta1 = 0.9
 beta2 = 0.95
 grad_clip = 1.0            # 0 disables

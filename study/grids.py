@@ -222,12 +222,53 @@ def wd_grid():
     return v
 
 
+# Power where the thesis lives (issue 33): DNP's and unified's gain split into the Norm after the
+# map (dnp_novec - baseline) and the vector (dnp - dnp_novec), all rows of one code version:
+# python -m study.reproduce --grid=power --seeds=12
+# (and noscale, for the telemetry without a vector: --variants=noscale --seeds=3)
+def power_grid():
+    return [v for v in default_grid() if v.name in ("baseline", "noscale", "dnp", "dnp_novec",
+                                                      "unified", "unified_novec")]
+
+
+# IWD where it can mean something (issue 33): the vectors decayed at 1.0 (sv_decay), the matrices
+# at the recipe's 0.1, on the Gemma-style config; iwd_blocks spares g_final, the vector IWD
+# changed most at weight decay 1.0 (study/README.md)
+def iwd_grid():
+    f = ["--sv_decay=1.0"]
+    return [Variant("gemma_none_sv1", "config/gemma_none_char.py", f, None, "", 0),
+            Variant("gemma_iwd_sv1", "config/gemma_iwd_char.py", f, "gemma_none_sv1",
+                    "IWD beats no decay on scale vectors (Gemma-0.5B, QK-norm + post-norm; 2.2)",
+                    -1),
+            Variant("gemma_iwd_blocks_sv1", "config/gemma_iwd_blocks_char.py", f, "gemma_iwd_sv1",
+                    "(our control) IWD without decay on g_final", 0)]
+
+
+# Length against repetition at 5x160 (issue 33): the 1x budget on the whole training split and on
+# its first half (the same validation split), so that the half repeats the corpus as often as
+# the whole does at 2x, at the length of 1x
+HALF_TRAIN = 501_927   # of Tiny Shakespeare's 1,003,854 training characters
+
+
+def repeat_grid():
+    n_layer, n_embd, iters = SIZES["5x160"]
+    own = [f"--max_iters={iters}", f"--n_layer={n_layer}", f"--n_embd={n_embd}",
+           f"--n_head={n_embd // 32}"]
+    v = []
+    for tag, extra in (("", []), ("_half", [f"--train_tokens={HALF_TRAIN}"])):
+        base = f"baseline_5x160{tag}"
+        v += [Variant(base, "config/baseline_char.py", own + extra, None, "", 0),
+              Variant(f"unified_5x160{tag}", "config/unified_char.py", own + extra, base, UNIFIED,
+                      -1)]
+    return v
+
+
 GRIDS = {"default": default_grid, "core": lambda: core(default_grid()),
          # the paper's 0.12B table on one node: baseline, noscale, unified; node_full: all
          "node": node_grid(lambda: core(default_grid("124m"))),
          "node_full": node_grid(lambda: default_grid("124m")),
          "node_350m": node_350m, "lr": lr_grid, "scaling": scaling_grid, "wd": wd_grid,
-         "regime": regime_grid}
+         "regime": regime_grid, "power": power_grid, "iwd": iwd_grid, "repeat": repeat_grid}
 
 
 def is_node_grid(grids, name):

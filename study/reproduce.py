@@ -246,12 +246,12 @@ def checkpoints(run_dir):
             if step_of(n) is not None or n == "latest"]
 
 
-def evals(run_dir):
-    """The evaluation records of a run's metrics.jsonl (a torn line skipped), in order."""
+def evals(run_dir, kind="eval"):
+    """The records of one kind of a run's metrics.jsonl (a torn line skipped), in order."""
     from checkpoint import read_metrics
     path = os.path.join(run_dir, "metrics.jsonl")
     records = read_metrics(path)[0] if os.path.exists(path) else []
-    return [r for r in records if isinstance(r, dict) and r.get("kind") == "eval"]
+    return [r for r in records if isinstance(r, dict) and r.get("kind") == kind]
 
 
 def settings(args):
@@ -470,8 +470,11 @@ class Runner:
         vectors = last.get("scale_vectors", {})
         means = {n: [r["scale_vectors"][n][0] for r in records if n in r.get("scale_vectors", {})]
                  for n in vectors}
+        final = (evals(job.run_dir, "final") or [{}])[-1]   # the whole val split
         return {"variant": job.v.name, "seed": job.seed, "config": job.v.config, "args": job.args,
                 "val_loss": last["val_loss"], "train_loss": last["train_loss"],
+                "val_loss_full": final.get("val_loss"), "train_loss_full": final.get("train_loss"),
+                "preconditioning": [[r["iter"], r["maps"]] for r in evals(job.run_dir, "precond")],
                 "curve": [[r["iter"], r["val_loss"]] for r in records], "wall_s": wall,
                 "scale_vectors": vectors, "sv_means": means, "code": code,
                 **({"epochs": job.epochs} if job.epochs is not None else {}),

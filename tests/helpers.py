@@ -61,14 +61,16 @@ def randomize_scale_vectors(model, seed=2):
 
 def vector_kind(name, placement):
     """DESIGN.md's classes, read off a parameter's name and the placement's table entry (not off
-    ScaleVector.kind): "matrix" (matrices and embeddings), "input" (a vector that folds into a
-    linear map: every g_in, g_final, MoE's g_ffn, an 'input' g_out) or "output" (after a Norm:
-    qk_norm, post_norm, an 'output' g_out)."""
+    ScaleVector.kind): "matrix" (matrices and embeddings), "input" (a block's vector that folds
+    into a linear map: every g_in, MoE's g_ffn, an 'input' g_out), "final" (g_final, before the
+    head) or "output" (after a Norm: qk_norm, post_norm, an 'output' g_out)."""
     if not re.search(r"(^|\.)(g_in|g_final|g_out|q_norm|k_norm|attn_post|mlp_post)\.", name):
         return "matrix"
     if ".g_out." in name:
         return model_py.PLACEMENTS[placement].g_out
-    if re.search(r"(^|\.)(g_in|g_final)\.", name):
+    if name.startswith("g_final."):
+        return "final"
+    if re.search(r"(^|\.)g_in\.", name):
         return "input"
     assert re.search(r"(q_norm|k_norm|attn_post|mlp_post)\.g\.", name), name
     return "output"

@@ -217,7 +217,8 @@ NODE_ARGV = ["--grid=pair", "--launcher=torchrun", "--nproc_per_node=2", "--seed
              "--tokens=12800",   # 100 iterations
              "--results_dir=node", f"--extra={NODE_TINY}"]
 NODE_GRID = """
-import sys, reproduce
+import sys
+from study import reproduce
 from study.grids import Variant
 grids = {"pair": [Variant("a", "config/baseline_char.py", [], None, "", 0),
                   Variant("b", "config/baseline_char.py", [], "a", "same as a", -1)]}
@@ -744,7 +745,8 @@ def test_the_code_version_names_the_commit_and_hashes_uncommitted_edits():
 
 
 LONG_GRID = """
-import sys, reproduce
+import sys
+from study import reproduce
 from study.grids import Variant
 sys.exit(reproduce.main(sys.argv[1:], \
 {"g": [Variant("a", "config/baseline_char.py", [], None, "", 0)]}))
