@@ -930,19 +930,22 @@ def optimizer_table(optimizers):
 
 
 def corr(a, b):
-    """Pearson's correlation of two tensors' entries; None where either is constant (g at
-    init)."""
+    """Pearson's correlation of two tensors' entries; None where either is constant up to float32
+    rounding (g at init, columns of one norm)."""
     a, b = a.flatten().double(), b.flatten().double()
+    if min(x.std() / x.abs().mean().clamp(min=1e-30) for x in (a, b)) < 1e-6:
+        return None
     a, b = a - a.mean(), b - b.mean()
-    den = (a.norm() * b.norm()).item()
-    return (a @ b).item() / den if den > 1e-12 else None
+    return ((a @ b) / (a.norm() * b.norm())).item()
 
 
 def slope(x, y):
-    """The least-squares slope of y on x; None where x is constant."""
+    """The least-squares slope of y on x; None where x is constant (spread below 1e-6)."""
     x, y = x.flatten().double(), y.flatten().double()
+    if x.std() < 1e-6:
+        return None
     x = x - x.mean()
-    return (x @ (y - y.mean())).item() / (x @ x).item() if (x @ x).item() > 1e-12 else None
+    return ((x @ (y - y.mean())) / (x @ x)).item()
 
 
 def default_device():

@@ -90,11 +90,12 @@ TINY_MODEL = ["--dataset=tiny", "--n_layer=2", "--n_head=2", "--n_embd=32", "--b
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
-def start(wd, *args, launcher=(sys.executable,)):
-    """train.py on the tiny model in `wd`, started; finish(p) waits for it."""
+def start(wd, *args, launcher=(sys.executable,), env=None):
+    """train.py on the tiny model in `wd`, started (env: more environment variables); finish(p)
+    waits for it."""
     cmd = [*launcher, os.path.join(ROOT, "train.py"), *TINY_MODEL, *args]
-    return subprocess.Popen(cmd, cwd=wd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    return subprocess.Popen(cmd, cwd=wd, env={**ENV, **(env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
 
 def finish(p, check=True):
@@ -104,8 +105,8 @@ def finish(p, check=True):
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
-def train(wd, *args, launcher=(sys.executable,), check=True):
-    return finish(start(wd, *args, launcher=launcher), check)
+def train(wd, *args, launcher=(sys.executable,), check=True, env=None):
+    return finish(start(wd, *args, launcher=launcher, env=env), check)
 
 
 def records(wd, out_dir, kind):

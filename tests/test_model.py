@@ -388,3 +388,62 @@ def test_peak_flops_follows_the_dtype_and_knows_no_cpu_peak(monkeypatch):
             and model_py.peak_flops(gpu, torch.float32) == 989e12 / 2)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA Z9000")
     assert model_py.peak_flops(gpu, torch.bfloat16) is None
+
+
+# ---- preconditioning telemetry (issue 33; DESIGN.md "Preconditioning, measured") ---------------
+
+def spread_qkv_vector(model):
+    """g_attn of layer 0 set to 0.5 ... 2, and the columns of W's blocks q, k, v to one norm:
+    ||W'_j|| is then g_j."""
+    qkv = model.blocks[0].attn.qkv
+    with torch.no_grad():
+        qkv.g_in.g.copy_(torch.linspace(0.5, 2.0, qkv.weight.size(1)))
+        blocks = qkv.weight.view(3, -1, qkv.weight.size(1))   # (q|k|v, rows, d_in)
+        blocks.div_(blocks.norm(dim=1, keepdim=True))
+    return qkv
+
+
+def test_preconditioning_reads_a_constructed_map_exactly():
+    """Columns of W of one norm, g spread: corr(g, ||W_j||) is undefined (None), corr(g, ||W'_j||)
+    is 1; an update of W whose column j is g_j times a unit vector moves the folded map's column by
+    g_j^2: the exponent is 2 (the SGD preconditioner), its correlation 1."""
+    model = make()
+    qkv = spread_qkv_vector(model)
+    g = qkv.g_in.g.detach().clone().view(-1)
+    before = model.fed_maps()
+    stats = model.preconditioning()["blocks.0.attn.qkv"]
+    assert stats["corr_w"] is None and stats["corr_wg"] == pytest.approx(1.0, abs=1e-9)
+    assert stats["g"][1:3] == pytest.approx([0.5, 2.0])
+    unit = torch.randn(qkv.weight.shape, generator=torch.Generator().manual_seed(0))
+    unit = unit.view(3, -1, unit.size(-1))
+    with torch.no_grad():
+        qkv.weight.add_((1e-3 * g * unit / unit.norm(dim=1, keepdim=True)).view_as(qkv.weight))
+    stats = model.preconditioning(before)["blocks.0.attn.qkv"]
+    assert stats["update_exp"] == pytest.approx(2.0, abs=1e-4)
+    assert stats["update_corr"] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_a_first_adamw_step_preconditions_the_folded_map_by_g():
+    """AdamW's first step moves every entry of W by lr (m / sqrt(v) = +-1), so with g fixed the
+    folded map's column j moves by lr g_j sqrt(rows): the exponent is 1 under Adam, not SGD's 2
+    (DESIGN.md's prediction 2)."""
+    model = make()
+    spread_qkv_vector(model)
+    for m in model.modules():
+        if isinstance(m, model_py.ScaleVector):
+            m.requires_grad_(False)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3,
+                            weight_decay=0.0, eps=1e-30)
+    model(tokens(), tokens(seed=5))[1].backward()
+    before = model.fed_maps()
+    opt.step()
+    stats = model.preconditioning(before)["blocks.0.attn.qkv"]
+    assert stats["update_exp"] == pytest.approx(1.0, abs=1e-4), stats
+
+
+def test_without_vectors_the_telemetry_has_no_g_to_correlate():
+    model = make(scale_vectors=False)
+    stats = model.preconditioning(model.fed_maps())
+    assert set(stats) == {f"blocks.{i}.{m}" for i in range(2)
+                          for m in ("attn.qkv", "mlp.gate_up")} | {"head"}
+    assert all(s["corr_w"] is None and s["update_exp"] is None for s in stats.values())

@@ -4,6 +4,7 @@ import math
 import pytest
 import torch
 
+import model as model_py
 from model import GPT, GPTConfig
 from helpers import TINY, records, train
 
@@ -55,6 +56,21 @@ def test_muon_takes_exactly_the_hidden_matrices(kw):
     assert muon == hidden and all(model.get_parameter(n).dim() == 2 for n in muon)
     # the union is every parameter, each once
     assert sorted(muon + adamw) == sorted(names.values())
+
+
+@pytest.mark.parametrize("policy", ["none", "iwd", "iwd_blocks", "all"])
+def test_sv_decay_sets_the_vectors_decay_apart_from_the_matrices(policy):
+    """--sv_decay (issue 33): the decayed vectors get it, matrices and embeddings keep
+    weight_decay; iwd_blocks spares g_final, the class sv_final."""
+    model = GPT(GPTConfig(**TINY, qk_norm=True, post_norm=True))
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = model_py.DECAY_POLICIES[policy].decays
+    for g in model.param_groups(0.1, policy, sv_decay=1.0):
+        want = 0.1 if g["name"] in ("matrix", "embedding") else 1.0 if g["name"] in decayed else 0
+        assert g["weight_decay"] == want, (policy, g["name"])
+        if g["name"] == "sv_final":
+            assert [names[id(p)] for p in g["params"]] == ["g_final.g"]
+    assert ("sv_final" in decayed) == (policy in ("iwd", "all"))
 
 
 @pytest.mark.slow

@@ -4,10 +4,12 @@ import os
 import shutil
 import sys
 
+import numpy as np
 import pytest
 import torch
 
 from helpers import ROOT, final_state, finish, model_py, records, start, train
+from model import GPT, GPTConfig
 
 
 @pytest.mark.slow
@@ -57,6 +59,59 @@ def test_ddp_two_processes_match_one_process_with_accumulation(workdir):
     assert p.returncode != 0 and (
         "gradient_accumulation_steps=3 is not a multiple of the 2 processes" in p.stderr), p.stderr
     assert not (workdir / "out_ddp_odd").exists()   # refused before anything was written
+
+
+@pytest.mark.slow
+def test_the_final_evaluation_is_the_whole_val_split_and_the_telemetry_follows_each_eval(workdir):
+    """Issue 33: the run ends with the loss over every window of the val split (computed here
+    again from the final checkpoint), and a precond record follows each evaluation by one step;
+    the first log line comes after the first step, with the ETA (issue 34)."""
+    p = train(workdir, "--out_dir=out_final", "--max_iters=6", "--eval_interval=3",
+              "--log_interval=4")
+    assert "iter 1/6: loss" in p.stdout and "eta 0h00m" in p.stdout, p.stdout
+    assert [r["iter"] for r in records(workdir, "out_final", "train")] == [1, 4]
+    assert [r["iter"] for r in records(workdir, "out_final", "precond")] == [1, 4]
+    maps = records(workdir, "out_final", "precond")[-1]["maps"]
+    assert set(maps) == {"blocks.0.attn.qkv", "blocks.0.mlp.gate_up", "blocks.1.attn.qkv",
+                         "blocks.1.mlp.gate_up", "head"}
+    final = records(workdir, "out_final", "final")[-1]
+    model = GPT(GPTConfig(**final_state(workdir, "out_final")["model_args"]))
+    model.load_state_dict(final_state(workdir, "out_final")["model"])
+    val = np.fromfile(workdir / "data" / "tiny" / "val.bin", dtype=np.uint16).astype(np.int64)
+    T = 16   # helpers.TINY_MODEL's block_size
+    n = (len(val) - 1) // T
+    rows = torch.from_numpy(np.stack([val[i * T : i * T + T + 1] for i in range(n)]))
+    with torch.no_grad():
+        loss = model.eval()(rows[:, :-1], rows[:, 1:])[1].item()
+    assert final["val_loss"] == pytest.approx(loss, rel=1e-5)   # float32 sums, another order
+
+
+@pytest.mark.slow
+def test_train_tokens_trains_on_a_prefix_and_a_longer_one_is_one_sentence(workdir):
+    train(workdir, "--out_dir=out_prefix", "--max_iters=2", "--eval_interval=2",
+          "--train_tokens=500")
+    p = train(workdir, "--out_dir=out_prefix_bad", "--max_iters=2", "--train_tokens=10000000",
+              check=False)
+    assert p.returncode != 0 and "train_tokens=10,000,000 but" in p.stderr, p.stderr
+    assert not (workdir / "out_prefix_bad").exists()
+
+
+@pytest.mark.slow
+def test_wandb_logs_offline_and_a_resume_continues_the_same_run(workdir, tmp_path):
+    """Issue 34: --wandb_log=True (WANDB_MODE=offline, no network) writes wandb's files into
+    out_dir; a resume continues the run of the same id; without wandb it is one sentence."""
+    pytest.importorskip("wandb")
+    env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    for steps, more in ((4, []), (6, ["--init_from=resume"])):
+        train(workdir, "--out_dir=out_wandb", f"--max_iters={steps}", "--eval_interval=2",
+              "--wandb_log=True", *more, env=env)
+    runs = (workdir / "out_wandb" / "wandb").glob("offline-run-*")
+    ids = {p.name.rsplit("-", 1)[-1] for p in runs}
+    assert len(ids) == 1 and final_state(workdir, "out_wandb")["wandb_id"] in ids, ids
+    (tmp_path / "wandb.py").write_text("raise ImportError('no wandb here')\n")
+    p = train(workdir, "--out_dir=out_nowandb", "--max_iters=2", "--wandb_log=True",
+              env={"PYTHONPATH": str(tmp_path)}, check=False)
+    assert p.returncode != 0 and "needs wandb, which is not installed" in p.stderr, p.stderr
 
 
 @pytest.fixture(scope="module")
