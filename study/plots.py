@@ -7,6 +7,8 @@ import re
 
 import numpy as np
 
+from study.report import T975
+
 
 def pyplot():
     import matplotlib
@@ -76,17 +78,19 @@ def plot_grid(out, grid, results):
             d = ys[:, np.isin(its, common)] - yb[:, np.isin(its_b, common)]
             line, = ax.plot(common, d.mean(0), label=f"{v.name} - {v.baseline} (n={len(seeds)})",
                             lw=1)
-            if len(seeds) > 1:
-                sd = d.std(0, ddof=1)
-                ax.fill_between(common, d.mean(0) - sd, d.mean(0) + sd, color=line.get_color(),
-                                alpha=0.2)
+            if len(seeds) > 1:   # the 95% t-interval of the mean, evaluation by evaluation
+                half = T975[min(len(seeds) - 1, len(T975)) - 1] * d.std(0, ddof=1) / np.sqrt(
+                    len(seeds))
+                ax.fill_between(common, d.mean(0) - half, d.mean(0) + half,
+                                color=line.get_color(), alpha=0.2)
         ax.axhline(0, color="k", lw=0.5)
-        ax.set(xlabel="iteration", ylabel="paired val loss difference",
-               title=f"{root} group: mean ± std over seeds")
+        ax.set(xlabel="iteration", ylabel="paired val loss difference (20 batches)",
+               title=f"{root} group: mean and 95% interval over seeds")
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "diff_vs_baseline.png"), dpi=80)
     plt.close(fig)
+    plot_preconditioning(plt, os.path.join(out, "precond.png"), results)
 
     # noscale has none
     with_vectors = [v.name for v in have if next(iter(results[v.name].values()))["sv_means"]]
@@ -114,6 +118,39 @@ def plot_grid(out, grid, results):
                title=f"{name}: {len(names)} vectors, coloured by layer")
         ax.legend(fontsize=7)
     fig.tight_layout(), fig.savefig(os.path.join(out, "scale_vectors.png"), dpi=80), plt.close(fig)
+
+
+# the telemetry of GPT.preconditioning (DESIGN.md "Preconditioning, measured"), per map: how to
+# read one number off a map's record, and the panel's label
+PRECOND = {"spread of g (std)": lambda m: m["g"][0],
+           # the fit needs some spread of g to be read (about 0.5%; none at init)
+           "exponent p of |dW'_j| ~ g_j^p": lambda m: m.get("update_exp") if m["g"][0] > 5e-3
+           else None,
+           "corr(g_j, |W'_j|)": lambda m: m.get("corr_wg"),
+           "spread of the column updates (cv)": lambda m: m.get("update_cv")}
+
+
+def plot_preconditioning(plt, path, results):
+    """precond.png: each statistic over training, the mean over the maps a vector feeds and over
+    seeds, one line per variant that recorded it (issue 33); nothing without a record."""
+    have = {n: res for n, res in results.items()
+            if all(r.get("preconditioning") for r in res.values())}
+    if not have:
+        return
+    fig, axes = plt.subplots(1, len(PRECOND), figsize=(4.5 * len(PRECOND), 3.6))
+    for ax, (label, pick) in zip(axes, PRECOND.items()):
+        for name, res in have.items():
+            its = [i for i, _ in next(iter(res.values()))["preconditioning"]]
+            ys = []
+            for k in range(len(its)):
+                xs = [pick(m) for r in res.values() if len(r["preconditioning"]) > k
+                      for m in r["preconditioning"][k][1].values()]
+                xs = [x for x in xs if x is not None]
+                ys.append(np.mean(xs) if xs else np.nan)
+            ax.plot(its, ys, "o-", ms=2, lw=1, label=f"{name} (n={len(res)})")
+        ax.set(xlabel="iteration", title=label)
+        ax.legend(fontsize=6)
+    fig.tight_layout(), fig.savefig(path, dpi=80), plt.close(fig)
 
 
 def plot_report(out, grid_name, report):

@@ -9,7 +9,8 @@ import re
 
 import numpy as np
 
-from study.grids import BUDGETS, LRS, SIZE_LRS, SIZES, TPP_1X, budget_name, lr_grid, scaling_grid
+from study.grids import (BUDGETS, LRS, ROOT, SIZE_LRS, SIZES, TPP_1X, budget_name, lr_grid,
+                         scaling_grid)
 
 
 def meta_gpt(**fields):
@@ -31,10 +32,28 @@ def mean_std(xs):
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
 
 
+def loss_of(r, full=True):
+    """A run's final validation loss: on the whole val split (val_loss_full, issue 33) when
+    full and it has one, else on the 20 fixed batches."""
+    return r["val_loss_full"] if full and r.get("val_loss_full") is not None else r["val_loss"]
+
+
 def paired_diffs(res, base):
-    """(seeds both have, variant minus baseline val loss seed by seed) of two {seed: result}."""
+    """(seeds both have, variant minus baseline val loss seed by seed) of two {seed: result}; on
+    the whole val split where every run of the pair has it."""
     seeds = sorted(set(res) & set(base))
-    return seeds, [res[s]["val_loss"] - base[s]["val_loss"] for s in seeds]
+    full = all(r.get("val_loss_full") is not None for d in (res, base) for r in d.values())
+    return seeds, [loss_of(res[s], full) - loss_of(base[s], full) for s in seeds]
+
+
+def sign_flip_p(diffs):
+    """The exact two-sided p-value of a sign-flip (randomization) test of mean(diffs) = 0: over
+    all 2^n sign patterns, the share whose |mean| is at least the observed one (n <= 20)."""
+    d = np.asarray(diffs, float)
+    if not 2 <= len(d) <= 20:
+        return None
+    signs = ((np.arange(2 ** len(d))[:, None] >> np.arange(len(d))) & 1) * 2 - 1
+    return float(np.mean(np.abs(signs @ d) >= abs(d.sum()) - 1e-12))
 
 
 def ci95(diffs):
@@ -58,7 +77,7 @@ def summarize(grid, results):
     rows = []
     for v in grid:
         res = results.get(v.name, {})
-        mean, std = mean_std([r["val_loss"] for r in res.values()])
+        mean, std = mean_std([loss_of(r) for r in res.values()])
         row = {"variant": v.name, "baseline": v.baseline, "n": len(res), "val_loss_mean": mean,
                "val_loss_std": std, "claim": v.claim, "expected_sign": v.sign,
                "seeds": sorted(res)}
@@ -101,7 +120,9 @@ def write_summary(out, rows, header, more=()):
     lines += ["", "Paired diff: variant minus its baseline, seed by seed (a seed fixes the shared "
               "initialization and the batch order). 95% CI: mean +- t(0.975, n-1) std / sqrt(n); "
               "the verdict is the interval's: lower or higher when it excludes 0, not resolved "
-              "when it covers 0. Agree: seeds whose difference has the claimed sign.",
+              "when it covers 0. Agree: seeds whose difference has the claimed sign. Loss: on "
+              "the whole validation split where a pair's runs have it (val_loss_full, from "
+              "issue 33 on), else on the 20 fixed batches.",
               *(["", *more] if more else [])]
     with open(os.path.join(out, "summary.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -121,9 +142,10 @@ def lr_sweep(results, seeds=(1,)):
 
 def tuned_rows(grid, results):
     """Tuned against tuned: each family at the rate that was best in the sweep (seed 1), paired
-    seed by seed with its baseline family at *that* family's best rate. bracketed: both
-    neighbours of the best rate in LRS were measured (or it is at the end of LRS); otherwise the
-    optimum may lie further out."""
+    seed by seed with its baseline family at *that* family's best rate, on the other seeds only
+    (the seed that picked the rate is not evaluated: issue 33). bracketed: both neighbours of the
+    best rate in LRS were measured (or it is at the end of LRS); otherwise the optimum may lie
+    further out."""
     sweep, rows = lr_sweep(results), {}
     for family, by in sweep.items():
         best = min(by, key=by.get)
@@ -136,7 +158,9 @@ def tuned_rows(grid, results):
         v = by_name[r["variant"]]
         base = rows.get(v.baseline.rsplit("_lr", 1)[0]) if v.baseline else None
         if base:
-            seeds, diffs = paired_diffs(results[r["variant"]], results[base["variant"]])
+            drop = lambda res: {s: x for s, x in res.items() if s != 1}   # noqa: E731
+            seeds, diffs = paired_diffs(drop(results[r["variant"]]),
+                                        drop(results[base["variant"]]))
             r.update(baseline=base["variant"], seeds=seeds, claim=v.claim, ci95=ci95(diffs),
                      **dict(zip(("diff_mean", "diff_std"), mean_std(diffs))))
     return list(rows.values())
@@ -185,8 +209,11 @@ def scaling_rows(results, tokens_per_iter=TOKENS_PER_ITER, train_tokens=TRAIN_TO
             continue
         xs = [float(b) for b in BUDGETS]
         mean_curve = [float(np.mean([base[b][s]["val_loss"] for s in seeds])) for b in BUDGETS]
-        fits[size] = {"budgets": xs, "iters": iters, "baseline": mean_curve,
-                      "fit": list(fit_budget(xs, mean_curve)), "variants": {}}
+        fit = list(fit_budget(xs, mean_curve))
+        # a fit whose E is negative, or whose alpha is at the grid's edge, says nothing (issue 33)
+        degenerate = fit[0] < 0 or not 0.02 < fit[2] < 4
+        fits[size] = {"budgets": xs, "iters": iters, "baseline": mean_curve, "fit": fit,
+                      "degenerate": degenerate, "variants": {}}
         params = non_embedding_params(n_layer, n_embd)
         by_base = {budget_name("baseline", size, b): b for b in BUDGETS}
         for v in [v for v in scaling_grid() if v.baseline in by_base]:
@@ -210,7 +237,8 @@ def scaling_rows(results, tokens_per_iter=TOKENS_PER_ITER, train_tokens=TRAIN_TO
                          "iters": n_iter, "tokens_per_param": n_iter * tokens_per_iter / params,
                          "epochs": n_iter * tokens_per_iter / train_tokens, "seeds": paired,
                          **part(diffs), "factor": needed / float(b),
-                         "factor_seeds": per_seed, "extrapolated": not xs[0] <= needed <= xs[-1]})
+                         "factor_seeds": per_seed, "extrapolated": not xs[0] <= needed <= xs[-1],
+                         "degenerate": degenerate})
     return rows, fits
 
 
@@ -221,16 +249,19 @@ def scaling_lines(rows):
              f"{TPP_1X:.3f} tokens per non-embedding parameter; a complete schedule each); the "
              "baseline's loss is fitted as L(C) = E + A C^-alpha over those budgets (means over "
              "the variant's seeds). Gap: the variant minus the baseline at the same budget, seed "
-             "by seed, with its 95% interval and verdict. Factor: the budget at which the fitted "
-             "baseline reaches the variant's loss, over the budget the variant used (the paper: "
-             "1.22-1.25x); beyond 2x it is extrapolated. Per-seed factors fit each seed's own "
-             "curve. `gap_vs_length.png`: the gap against tokens per parameter, one line per "
-             "size.", "",
+             "by seed, with its 95% interval and verdict. Token factor: the budget at which the "
+             "fitted baseline reaches the variant's loss, over the budget the variant used; it is "
+             "a factor of training tokens at one size, not the paper's compute factor across "
+             "sizes (1.22-1.25x); beyond 2x it is extrapolated, and where the fit is degenerate "
+             "(E < 0, or alpha at the edge of its grid, 0.02-4) it says nothing. Per-seed "
+             "factors fit each seed's own curve. `gap_vs_length.png`: the gap against tokens per "
+             "parameter, one line per size.", "",
              "| size | variant | budget | tokens/param | epochs | seeds "
-             "| gap (mean ± std) | 95% CI | verdict | compute factor | per seed |",
+             "| gap (mean ± std) | 95% CI | verdict | token factor (same size) | per seed |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["params"], r["variant"], r["budget"])):
-        beyond = " (extrapolated)" if r["extrapolated"] else ""
+        beyond = (" (degenerate fit)" if r.get("degenerate")
+                  else " (extrapolated)" if r["extrapolated"] else "")
         lines.append(f"| {r['size']} | {r['variant']} | {r['budget']:g}x "
                      f"| {r['tokens_per_param']:.2f} | {r['epochs']:.2f} | {len(r['seeds'])} "
                      f"| {pm(r['mean'], r['std'], '+.4f')} | {interval(r['ci95'])} "
@@ -306,14 +337,14 @@ def lr_report(results):
         lines.append(f"| {r['family']} | {' | '.join(cells)} | {r['best_lr']}{mark} |")
     lines += ["", "### Tuned against tuned", "",
               "Each family at its best rate against its baseline at the baseline's best rate, "
-              "paired by seed.", "",
+              "paired by seed, on the seeds after the first (seed 1 picked the rates).", "",
               "| variant | vs | seeds | paired diff (mean ± std) | 95% CI | paper's claim |",
               "|---|---|---|---|---|---|"]
     lines += [f"| {r['variant']} | {r['baseline']} | {len(r['seeds'])} "
               f"| {pm(r['diff_mean'], r['diff_std'], '+.4f')} | {interval(r['ci95'])} "
               f"| {r['claim']} |" for r in rows if r.get("baseline")]
     best = ",".join(r["variant"] for r in rows)
-    n = max((len(r.get("seeds", [])) for r in rows), default=0)
+    n = max((len(results.get(r["variant"], {})) for r in rows), default=0)   # seeds run
     lines += ["", "More seeds at the best rates: "
               f"`python -m study.reproduce --grid=lr --seeds={max(3, n + 3)} --variants={best}`"]
     return lines, {"sweep": sweep, "tuned": rows}
@@ -406,7 +437,8 @@ SPLITS = [("DNP", "dnp", "dnp_novec", "baseline"),
 
 def part(diffs):
     mean, std = mean_std(diffs)
-    return {"mean": mean, "std": std, "ci95": ci95(diffs), "verdict": verdict(ci95(diffs))}
+    return {"mean": mean, "std": std, "ci95": ci95(diffs), "verdict": verdict(ci95(diffs)),
+            "p": sign_flip_p(diffs)}
 
 
 def split_rows(results):
@@ -418,7 +450,8 @@ def split_rows(results):
         seeds = sorted(set.intersection(*(set(r) for r in runs)))
         if len(seeds) < 2:
             continue
-        v, c, b = (np.array([r[s]["val_loss"] for s in seeds]) for r in runs)
+        full = all(r[s].get("val_loss_full") is not None for r in runs for s in seeds)
+        v, c, b = (np.array([loss_of(r[s], full) for s in seeds]) for r in runs)
         rows.append({"label": label, "variant": name, "control": control, "baseline": base,
                      "seeds": seeds, "total": part(list(v - b)), "norm": part(list(c - b)),
                      "vector": part(list(v - c))})
@@ -426,7 +459,8 @@ def split_rows(results):
 
 
 def cell(p):
-    return f"{pm(p['mean'], p['std'], '+.4f')}, {interval(p['ci95'])}, {p['verdict']}"
+    sign = "" if p.get("p") is None else f", p = {p['p']:.3f}"
+    return f"{pm(p['mean'], p['std'], '+.4f')}, {interval(p['ci95'])}{sign}, {p['verdict']}"
 
 
 def default_report(results):
@@ -437,7 +471,7 @@ def default_report(results):
              "The control keeps DNP's Norm after the map and fixes `g_out` at 1 "
              "(`sv_placement=\"dnp_novec\"`). Seed by seed: Norm part = control - baseline, "
              "vector part = variant - control; they add up to the total. Each: mean ± std, "
-             "95% CI, verdict.",
+             "95% CI, the exact two-sided sign-flip p-value over the seeds, verdict.",
              "", "| variant | control | n | total | Norm part | vector part |",
              "|---|---|---|---|---|---|"]
     lines += [f"| {r['variant']} | {r['control']} | {len(r['seeds'])} | {cell(r['total'])} "
@@ -447,14 +481,18 @@ def default_report(results):
 
 def vector_kind(name):
     """"output" for a vector with a Norm before it and no linear map after (qk_norm, post_norm,
-    DNP's g_out), "input" for one that folds into a linear map (sv_means' names)."""
+    DNP's g_out), "final" for g_final, "input" for one of a block that folds into a linear map
+    (sv_means' names)."""
+    if name == "g_final":
+        return "final"
     return "output" if re.search(r"(q_norm|k_norm|attn_post|mlp_post|\.g_out)", name) else "input"
 
 
 def final_g(res):
-    """{"input": .., "output": ..}: the final mean of g over the run's vectors of each kind,
-    averaged over its seeds (None where it has none): how far weight decay pulled them."""
-    by = {"input": [], "output": []}
+    """{"input": .., "final": .., "output": ..}: the final mean of g over the run's vectors of
+    each kind, averaged over its seeds (None where it has none): how far weight decay pulled
+    them."""
+    by = {"input": [], "final": [], "output": []}
     for r in res.values():
         for name, curve in r.get("sv_means", {}).items():
             by[vector_kind(name)].append(curve[-1])
@@ -478,22 +516,131 @@ def wd_report(results):
     rows = wd_rows(results)
     g = lambda x: "—" if x is None else f"{x:.3f}"
     lines = ["## Weight decay where it can act", "",
-             "Final mean of `g` over the Input-Norm vectors (they fold into a linear map; IWD "
-             "decays them) and the Output-Norm ones (qk_norm, post_norm, DNP's `g_out`), "
+             "Final mean of `g` over the blocks' Input-Norm vectors (they fold into a linear map; "
+             "IWD decays them), g_final (an Input-Norm vector too, before the head) and the "
+             "Output-Norm ones (qk_norm, post_norm, DNP's `g_out`), "
              "variant / vs, averaged over seeds. A plain vector starts at 1. The 0.1 rows are the "
              "default grid's.",
              "", "| weight decay | variant | vs | n | diff (mean ± std) | 95% CI | verdict "
-             "| g, Input-Norm | g, Output-Norm |", "|---|---|---|---|---|---|---|---|---|"]
+             "| g, blocks' Input-Norms | g_final | g, Output-Norm |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['weight_decay']} | {r['variant']} | {r['baseline']} | {len(r['seeds'])} "
-              f"| {pm(r['mean'], r['std'], '+.4f')} | {interval(r['ci95'])} | {r['verdict']} "
-              f"| {g(r['g']['input'])} / {g(r['g_baseline']['input'])} "
-              f"| {g(r['g']['output'])} / {g(r['g_baseline']['output'])} |" for r in rows]
+              f"| {pm(r['mean'], r['std'], '+.4f')} | {interval(r['ci95'])} | {r['verdict']} | "
+              + " | ".join(f"{g(r['g'][k])} / {g(r['g_baseline'][k])}"
+                           for k in ("input", "final", "output")) + " |" for r in rows]
+    return lines, {"rows": rows}
+
+
+def telemetry(res, at=-1):
+    """The preconditioning record (result.json's, issue 33) at one evaluation of a run, summed up
+    over its maps: {stat: mean over maps and seeds} for the spread of g (std, max / min), the
+    update exponent and its correlation, corr(g, ||W'_j||), and the spread of column updates."""
+    pick = {"g std": lambda m: m["g"][0], "g max/min": lambda m: m["g"][2] / m["g"][1],
+            # a fit needs some spread of g to be read (about 0.5%)
+            "update exponent": lambda m: m.get("update_exp") if m["g"][0] > 5e-3 else None,
+            "its corr": lambda m: m.get("update_corr") if m["g"][0] > 5e-3 else None,
+            "corr(g, col norm of W')": lambda m: m.get("corr_wg"),
+            "update cv": lambda m: m.get("update_cv")}
+    out = {}
+    for stat, f in pick.items():
+        xs = [f(m) for r in res.values() if r.get("preconditioning")
+              for m in r["preconditioning"][at][1].values()]
+        xs = [x for x in xs if x is not None]
+        out[stat] = float(np.mean(xs)) if xs else None
+    return out
+
+
+def telemetry_lines(results):
+    rows = {n: telemetry(res) for n, res in results.items()
+            if any(r.get("preconditioning") for r in res.values())}
+    if not rows:
+        return []
+    stats = list(next(iter(rows.values())))
+    f = lambda x: "—" if x is None else f"{x:.3f}"   # noqa: E731
+    return ["", "## The preconditioning, measured (DESIGN.md's predictions)", "",
+            "At the last evaluation, over the step after it: the mean over the maps a vector "
+            "feeds (q|k|v, gate|up, the head) and the seeds. `precond.png`: the same over "
+            "training.", "", "| variant | " + " | ".join(stats) + " |",
+            "|---" * (len(stats) + 1) + "|",
+            *[f"| {n} | " + " | ".join(f(row[s]) for s in stats) + " |" for n, row in rows.items()]]
+
+
+def power_report(results):
+    lines, data = default_report(results)
+    return lines + telemetry_lines(results), data
+
+
+def decay_alone(res):
+    """What weight decay alone makes of a vector that starts at 1 and that the loss does not
+    resist: the product over the steps of (1 - lr_t * decay), lr_t the run's warmup and cosine
+    (train.py's lr_factor; the iwd grid runs it), decay its sv_decay or weight_decay."""
+    from configurator import configure
+    from config.defaults import DEFAULTS
+    r = next(iter(res.values()))
+    c = configure(DEFAULTS, [os.path.join(ROOT, r["config"]), *r["args"]])
+    lr, floor, warm, end = c["learning_rate"], c["min_lr"], c["warmup_iters"], c["max_iters"]
+    decay = c["sv_decay"] if c["sv_decay"] >= 0 else c["weight_decay"]
+    its = np.arange(end)
+    cos = floor + (lr - floor) * 0.5 * (1 + np.cos(np.pi * np.minimum(
+        (its - warm) / max((c["lr_decay_iters"] or end) - warm, 1), 1)))
+    lrs = np.where(its < warm, lr * (its + 1) / (warm + 1), cos)
+    return float(np.prod(1 - lrs * decay))
+
+
+def iwd_report(results):
+    from study.grids import iwd_grid
+    g = lambda x: "—" if x is None else f"{x:.3f}"   # noqa: E731
+    lines = ["## IWD where it can act: vectors at 1.0, matrices at 0.1", "",
+             "Final mean of `g` per class (averaged over the seeds), beside what decay alone "
+             "would make of a vector at 1 that the loss did not resist (the run's schedule).", "",
+             "| variant | vs | n | diff (mean ± std) | 95% CI | p | verdict | g, blocks' "
+             "Input-Norms | g_final | g, Output-Norms | decay alone |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = []
+    for v in iwd_grid():
+        if v.name not in results:
+            continue
+        res = results[v.name]
+        seeds, diffs = paired_diffs(res, results.get(v.baseline, {})) if v.baseline else ([], [])
+        row = {"variant": v.name, "baseline": v.baseline, "seeds": seeds, **part(diffs),
+               "g": final_g(res), "alone": decay_alone(res)}
+        rows.append(row)
+        p = "—" if row["p"] is None else f"{row['p']:.3f}"
+        lines.append(f"| {v.name} | {v.baseline or ''} | {len(seeds)} "
+                     f"| {pm(row['mean'], row['std'], '+.4f')} | {interval(row['ci95'])} | {p} "
+                     f"| {row['verdict']} | {g(row['g']['input'])} | {g(row['g']['final'])} "
+                     f"| {g(row['g']['output'])} | {row['alone']:.3f} |")
+    return lines, {"rows": rows}
+
+
+def repeat_report(results):
+    """The 5x160 gap at 1x on the whole training split and on its first half (which repeats
+    the corpus twice as often)."""
+    lines = ["## Length against repetition at 5x160", "",
+             "Unified minus the baseline at the 1x budget, seed by seed, on the whole training "
+             "split and on its first half (the same validation split): the half reads its text "
+             "twice as often, as the whole does at 2x.", "",
+             "| training split | epochs | n | gap (mean ± std) | 95% CI | p | verdict |",
+             "|---|---|---|---|---|---|---|"]
+    rows = []
+    for tag, label, epochs in (("", "whole", 1.51), ("_half", "first half", 3.02)):
+        a, b = results.get(f"unified_5x160{tag}", {}), results.get(f"baseline_5x160{tag}", {})
+        seeds, diffs = paired_diffs(a, b)
+        if not seeds:
+            continue
+        row = {"split": label, "epochs": epochs, "seeds": seeds, **part(diffs)}
+        rows.append(row)
+        p = "—" if row["p"] is None else f"{row['p']:.3f}"
+        lines.append(f"| {label} | {epochs:.2f} | {len(seeds)} "
+                     f"| {pm(row['mean'], row['std'], '+.4f')} | {interval(row['ci95'])} | {p} "
+                     f"| {row['verdict']} |")
     return lines, {"rows": rows}
 
 
 # grids with more to say than the paired table: (markdown lines, data for summary.json and plots)
 REPORTS = {"lr": lr_report, "scaling": scaling_report, "default": default_report, "wd": wd_report,
-           "regime": regime_report}
+           "regime": regime_report, "power": power_report, "iwd": iwd_report,
+           "repeat": repeat_report}
 
 
 # ---- wall-clock efficiency from the curves (BENCHMARKS.md) -------------------------------------

@@ -768,7 +768,7 @@ def write_reports(a, g, full, progress, t_start):
     whole grid, not only this invocation's runs)."""
     results = collect(g.out, full, g.args_for)
     rows = summarize(full, results)
-    command = shlex.join(["python", "reproduce.py", *a.argv])
+    command = shlex.join(["python", "-m", "study.reproduce", *a.argv])
     n_done = sum(len(r) for r in results.values())
     launch = "python train.py" if g.torchrun is None else shlex.join(["torchrun", *g.torchrun,
                                                                       "train.py"])
