@@ -142,7 +142,7 @@ def save(out_dir, state, iter_num, keep=3):
     path = os.path.join(out_dir, f"ckpt_{iter_num:07d}.pt")
     atomic_write(path, lambda f: torch.save(state, f))
     atomic_write(os.path.join(out_dir, "latest"),
-                  lambda f: f.write(os.path.basename(path).encode()))
+                 lambda f: f.write(os.path.basename(path).encode()))
     # keep-last-K by iteration among this run's checkpoints (those up to iter_num); a later-numbered
     # one (skipped by --resume_fallback) neither counts nor is deleted
     ours = [p for p in checkpoints(out_dir) if step_of(p) <= iter_num]
