@@ -82,8 +82,8 @@ def test_a_bad_command_line_is_one_sentence(argv, message):
 def test_gpu_check_without_cuda_says_so_in_one_line():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the check itself runs here")
-    p = subprocess.run([sys.executable, "-m", "tools.gpu_check"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120)
+    p = subprocess.run([sys.executable, "-m", "tools.gpu_check"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
     assert p.returncode == 0 and p.stderr == "" and p.stdout.count("\n") == 1
     assert "no CUDA device" in p.stdout and "--device=cpu" in p.stdout
 
