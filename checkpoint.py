@@ -107,8 +107,13 @@ def _remove_stale_tmps(out_dir):
             os.remove(os.path.join(out_dir, name))
 
 
-def _atomic_write(path, write):
-    tmp = f"{path}.tmp{os.getpid()}"
+def atomic_write(path, write, tmp=None):
+    """Write `path` through write(f) (a binary file): to a temporary name (`tmp`, default
+    <path>.tmp<pid>), flushed and fsynced, then renamed over `path`, and the rename fsynced: a
+    crash at any moment leaves the old file or the new one, whole. The one way every record a later
+    run trusts is written (checkpoints, `latest`, metrics here; reproduce.py's run.json, result.json
+    and summaries). A failed write is one CheckpointError."""
+    tmp = tmp or f"{path}.tmp{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
             write(f)
@@ -135,9 +140,9 @@ def save(out_dir, state, iter_num, keep=3):
     os.makedirs(out_dir, exist_ok=True)
     _remove_stale_tmps(out_dir)
     path = os.path.join(out_dir, f"ckpt_{iter_num:07d}.pt")
-    _atomic_write(path, lambda f: torch.save(state, f))
-    _atomic_write(os.path.join(out_dir, "latest"),
-                  lambda f: f.write(os.path.basename(path).encode()))
+    atomic_write(path, lambda f: torch.save(state, f))
+    atomic_write(os.path.join(out_dir, "latest"),
+                 lambda f: f.write(os.path.basename(path).encode()))
     # keep-last-K by iteration among this run's checkpoints (those up to iter_num); a later-numbered
     # one (skipped by --resume_fallback) neither counts nor is deleted
     ours = [p for p in checkpoints(out_dir) if step_of(p) <= iter_num]
@@ -382,7 +387,7 @@ def private_file(path):
         if os.path.isfile(path) and os.stat(path).st_nlink > 1:
             with open(path, "rb") as f:
                 content = f.read()
-            _atomic_write(path, lambda f: f.write(content))
+            atomic_write(path, lambda f: f.write(content))
     except OSError as e:
         raise CheckpointError(write_error(path, e, os.path.dirname(path))) from None
 
@@ -509,4 +514,4 @@ def trim_metrics(path, iter_num):
     if torn:
         print(f"note: dropped {torn} line(s) of {path} that did not parse (a write cut short)")
     if len(kept) < len(records) + torn:
-        _atomic_write(path, lambda f: f.write("".join(json.dumps(r) + "\n" for r in kept).encode()))
+        atomic_write(path, lambda f: f.write("".join(json.dumps(r) + "\n" for r in kept).encode()))

@@ -28,11 +28,16 @@ BYTE_EOT = 256
 BYTE_VOCAB = BYTE_EOT + 1
 TOKENIZERS = ("char", "gpt2", "byte")
 KNOWN = "'char', 'gpt2' or 'byte'"
+NAME_MAX = 255   # the longest name of one file or folder, in bytes (Linux: ext4, xfs, btrfs, tmpfs)
 
 
 def dataset_dir(name):
     """The folder of dataset `name`: data/<name> under the working directory (the one rule of every
-    tool)."""
+    tool); a name longer than a folder's can be is one sentence (SystemExit), not an OSError."""
+    size = len(os.fsencode(name))
+    if size > NAME_MAX:
+        raise SystemExit(f"error: the dataset name {name[:20]}... is {size} bytes long, and a "
+                         f"folder's name is at most {NAME_MAX}: pick a shorter name")
     return Path("data") / name
 
 
@@ -97,6 +102,11 @@ def meta_problem(meta):
                                     and len(chars) == vocab_size == len(set(chars))):
         return (f"has no 'chars' string of vocab_size={vocab_size} distinct characters (chars: "
                 f"{type(chars).__name__}{f' of {len(chars)}' if isinstance(chars, str) else ''})")
+    # JSON's "\ud800" escape: half of a UTF-16 pair, no character; decoding that id would crash
+    lone = next((i for i, c in enumerate(chars or "") if 0xD800 <= ord(c) <= 0xDFFF), None)
+    if lone is not None:
+        return (f"has a lone surrogate (U+{ord(chars[lone]):04X}, half of a UTF-16 pair, not a "
+                f"character) at index {lone} of 'chars'")
     return None
 
 

@@ -21,6 +21,14 @@ def meta_gpt(**fields):
         return GPT(GPTConfig(**fields))
 
 
+def arg_value(args, key, default=None):
+    """The value (text) of --key in a run's train.py arguments: the last one, as train.py reads
+    its command line (a later --key=value wins), or `default` when there is none. Every reader of
+    a run's arguments goes through here."""
+    values = [a.split("=", 1)[1] for a in args if a.startswith(f"--{key}=")]
+    return values[-1] if values else default
+
+
 # ---- the paired table of every grid -------------------------------------------------------------
 def mean_std(xs):
     xs = np.asarray(xs, dtype=float)
@@ -124,8 +132,9 @@ def write_summary(out, rows, header, more=()):
               "the whole validation split where a pair's runs have it (val_loss_full, from "
               "issue 33 on), else on the 20 fixed batches.",
               *(["", *more] if more else [])]
-    with open(os.path.join(out, "summary.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+    from checkpoint import atomic_write   # a record: temporary name, fsync, rename
+    text = "\n".join(lines) + "\n"
+    atomic_write(os.path.join(out, "summary.md"), lambda f: f.write(text.encode()))
 
 
 # ---- the claims as the paper measures them: tuned comparisons, compute efficiency, scaling ------
@@ -406,7 +415,7 @@ def regime_rows(results):
         if not seeds:
             continue
         res = results[v.name][seeds[0]]
-        iters = int(re.findall(r"--max_iters=(\d+)", " ".join(res["args"]))[-1])
+        iters = int(arg_value(res["args"], "max_iters"))
         epochs = res.get("epochs", iters * TOKENS_PER_ITER / TRAIN_TOKENS)
         base = mean_std([r["val_loss"] for r in results[v.baseline].values()])[0]
         rows.append({"size": size, "tokens_per_param": float(tpp), "epochs": epochs,
@@ -680,17 +689,33 @@ def code_id(code):
     return code.get("id", "unknown") if isinstance(code, dict) else code or "unknown"
 
 
+def run_codes(record):
+    """Every code a run ran under, in order (a result.json or run.json): its "codes" (a run
+    resumed under other code has several), or, in a record older than that list, its "code"."""
+    codes = record.get("codes")
+    return list(codes) if isinstance(codes, list) and codes else [record.get("code")]
+
+
+def code_label(c):
+    label = code_id(c)
+    if isinstance(c, dict):
+        edits = f", uncommitted edits {c['diff']}" if c.get("diff") else ""
+        label += f" (commit {str(c.get('commit'))[:12]}{edits})"
+    return label
+
+
 def code_lines(results):
-    """summary.md's line on the code of the results: one version, or how many runs each made."""
-    runs = {}
+    """summary.md's line on the code of the results: one version, or how many runs each made; a
+    run resumed under other code is a mix in itself, listed with each of its codes."""
+    runs, mixed = {}, False
     for res in results.values():
         for r in res.values():
-            label, c = code_id(r.get("code")), r.get("code")
-            if isinstance(c, dict):
-                edits = f", uncommitted edits {c['diff']}" if c.get("diff") else ""
-                label += f" (commit {str(c.get('commit'))[:12]}{edits})"
+            labels = list(dict.fromkeys(code_label(c) for c in run_codes(r)))
+            mixed |= len(labels) > 1
+            label = (labels[0] if len(labels) == 1 else
+                     " then ".join(labels) + " (resumed under other code)")
             runs[label] = runs.get(label, 0) + 1
-    if len(runs) <= 1:
+    if len(runs) <= 1 and not mixed:
         return [f"Code: every run by {next(iter(runs), 'no run')}."]
     mix = "; ".join(f"{n} by {k}" for k, n in sorted(runs.items()))
     return [f"Code: the runs mix code versions (--mixed_code): {mix}."]

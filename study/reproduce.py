@@ -22,16 +22,20 @@ Node grids (FineWeb-Edu, 124M/350M, one run at a time through torchrun on all GP
 
 Stop it at any time and start it again: finished runs (result.json) are skipped, interrupted
 ones resume from their newest checkpoint (train.py --init_from=resume), failed ones are reported
-with their last log line and run again next time. A folder holds one configuration: a run whose
-settings differ from the results already there is refused unless --replace (or another
---results_dir); adding seeds or variants to it is not a change. The summary always covers the
-whole grid, from every result of that configuration in the folder.
+with their last log line and run again next time. No checkpoint is deleted that a record does not
+account for: a run folder with checkpoints and no readable run.json resumes when its checkpoint's
+own config is the run's, and is refused in one sentence otherwise. Every record (run.json,
+result.json, the summaries) is written to a temporary name, fsynced, then renamed. A folder
+holds one configuration: a run whose settings differ from the results already there is refused
+unless --replace (or another --results_dir); adding seeds or variants to it is not a change.
+The summary always covers the whole grid, from every result of that configuration in the folder.
 
 One reproduce.py at a time per results folder (<results>/lock). SIGTERM or SIGINT reaches every
 train.py it started: they save a checkpoint and exit, and the next invocation resumes them. Each
 result.json records the code that made it (its commit and a hash of uncommitted Python edits); a
 folder holds one code version: adding runs of other code to it is refused unless --mixed_code,
-and a grid stops starting runs if the code changes under it (study/README.md).
+and a grid stops starting runs if the code changes under it (study/README.md); --dry_run shows the
+plan all the same and says so. A run resumed under other code records each ("codes").
 
 The grids are grids.py, the statistics and reports report.py, the figures plots.py.
 """
@@ -57,7 +61,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from study.grids import (GRIDS, MAX_ITERS, MS_PER_ITER, OVERHEAD_S, is_node_grid, parse_added,
                          sizing)
 from study.plots import plot_grid, plot_report
-from study.report import REPORTS, code_id, code_lines, meta_gpt, summarize, write_summary
+from study.report import (REPORTS, arg_value, code_id, code_lines, meta_gpt, run_codes, summarize,
+                          write_summary)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 
@@ -71,8 +76,7 @@ def run_args(v, max_iters, extra, seed, run_dir, tokens=None, node=False):
     if node:
         schedule = node_sizing(v.config, tuple(v.overrides + extra), tokens)[0]
         return [*schedule, *v.overrides, *extra, f"--seed={seed}", f"--out_dir={run_dir}"]
-    own = [o for o in v.overrides if o.startswith("--max_iters=")]
-    iters = int(own[-1].split("=")[1]) if own else max_iters
+    iters = int(arg_value(v.overrides, "max_iters", max_iters))
     rest = [o for o in v.overrides if not o.startswith("--max_iters=")]
     return [*sizing(iters), *rest, *extra, f"--seed={seed}", f"--out_dir={run_dir}"]
 
@@ -138,14 +142,12 @@ def local_estimate(v, iters, extra):
 
 def train_tokens(dataset):
     """The training tokens of a prepared dataset (data/NAME under the working directory, as for
-    train.py), or None when it is not there."""
+    train.py): the size of the train.bin that train.py reads, not meta.json's count (stale or
+    edited, it would admit or skip anything); None when there is none."""
     from dataset import dataset_dir
-    d = dataset_dir(dataset)
     try:
-        with open(d / "meta.json", encoding="utf-8") as f:
-            n = json.load(f).get("train_tokens")
-        return n if isinstance(n, int) and n > 0 else os.path.getsize(d / "train.bin") // 2
-    except (OSError, ValueError, AttributeError):
+        return os.path.getsize(dataset_dir(dataset) / "train.bin") // 2 or None
+    except OSError:
         return None
 
 
@@ -153,7 +155,7 @@ def run_epochs(v, args, extra):
     """How many times a CPU run reads its training set (None when it is not prepared)."""
     cfg = train_config(v.config, tuple(v.overrides + extra))
     n = train_tokens(cfg["dataset"])
-    iters = int(next(x for x in args if x.startswith("--max_iters=")).split("=")[1])
+    iters = int(arg_value(args, "max_iters"))
     per_iter = cfg["gradient_accumulation_steps"] * cfg["batch_size"] * cfg["block_size"]
     return iters * per_iter / n if n else None
 
@@ -227,11 +229,12 @@ def load_result(run_dir):
 
 
 def write_json(path, obj):
-    # nodes sharing a folder never share a temporary file
-    tmp = f"{path}.tmp{socket.gethostname()}.{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
+    """A record a later run trusts (run.json, result.json, summary.json): written to a temporary
+    name, fsynced, renamed (checkpoint.atomic_write); nodes sharing a folder never share a
+    temporary name."""
+    from checkpoint import atomic_write
+    atomic_write(path, lambda f: f.write(json.dumps(obj, indent=1).encode()),
+                 tmp=f"{path}.tmp{socket.gethostname()}.{os.getpid()}")
 
 
 def checkpoints(run_dir):
@@ -260,11 +263,57 @@ def settings(args):
     return None if args is None else [a for a in args if not a.startswith("--out_dir=")]
 
 
-def resumable(run_dir, args_list):
-    """True if run_dir holds a checkpoint of an interrupted run with these settings."""
-    state = load_json(os.path.join(run_dir, "run.json")) or {}
-    return (settings(state.get("args")) == settings(args_list)
-            and os.path.exists(os.path.join(run_dir, "latest")))
+# train.py's keys that say how a run was started and where its folder is, not what it trains
+HOW_STARTED = ("out_dir", "init_from", "overwrite", "resume_fallback")
+
+
+def run_record(v, args, run_dir):
+    """What run_dir holds of an interrupted run: None when it holds no checkpoint (nothing to
+    resume, nothing lost by starting afresh); else its run.json ({"args", "wall_s", "code",
+    "codes"}). Without a readable run.json (a crash as it was written, or train.py run there by
+    hand) the checkpoint's own config, train.py's arguments as it read them, accounts for it: a
+    run of these settings resumes (its earlier code unknown); any other is {"args": None,
+    "why": words}, a folder the grid neither resumes nor deletes."""
+    from checkpoint import step_of
+    if not any(step_of(p) is not None for p in checkpoints(run_dir)):
+        return None
+    state = load_json(os.path.join(run_dir, "run.json"))
+    if state is not None and isinstance(state.get("args"), list):
+        return state
+    why = checkpoint_mismatch(v, args, run_dir)
+    return ({"args": args, "wall_s": 0, "code": None, "recovered": True} if why is None
+            else {"args": None, "why": why})
+
+
+def checkpoint_mismatch(v, args, run_dir):
+    """None if run_dir's newest checkpoint that loads was trained with the config these arguments
+    give train.py (HOW_STARTED aside; a key added since counts as its default); else what
+    differs, or that none loads (words)."""
+    import checkpoint
+    from config.defaults import DEFAULTS
+    try:
+        paths = checkpoint.candidates(run_dir)
+    except checkpoint.CheckpointError:   # `latest` is a folder or unreadable
+        paths = checkpoint.checkpoints(run_dir)[::-1]
+    for path in paths:
+        try:
+            saved = checkpoint.load(path)["config"]
+            break
+        except checkpoint.CheckpointError:
+            continue
+    else:
+        return "none of its checkpoints loads"
+    wanted = train_config(v.config, tuple(args))
+    differ = [f"{k}={saved.get(k, DEFAULTS.get(k))!r}, not {x!r}" for k, x in wanted.items()
+              if k not in HOW_STARTED and saved.get(k, DEFAULTS.get(k)) != x]
+    return (f"{os.path.basename(path)} was trained with {'; '.join(differ[:3])}"
+            + (f" and {len(differ) - 3} more" if len(differ) > 3 else "")) if differ else None
+
+
+def resumable(job):
+    """True if job's folder holds a checkpoint of an interrupted run with its settings."""
+    return (job.record is not None and job.record["args"] is not None
+            and settings(job.record["args"]) == settings(job.args))
 
 
 def in_use(run_dir):
@@ -397,7 +446,8 @@ class Children:
                 self.procs.discard(p)
 
 
-Job = namedtuple("Job", "v seed args run_dir done epochs", defaults=(None,))
+# record: run_record's (what the folder holds of an interrupted run), for a job not done
+Job = namedtuple("Job", "v seed args run_dir done epochs record", defaults=(None, None))
 
 
 class Runner:
@@ -420,8 +470,8 @@ class Runner:
         if pid:
             raise RuntimeError(f"not started: a train.py (pid {pid}) still runs in {job.run_dir}; "
                                "stop it first")
-        resume, t0 = resumable(job.run_dir, job.args), time.time()
-        wall_before = self.start(job, resume, now)
+        resume, t0 = resumable(job), time.time()
+        state = self.start(job, resume, now)
         cmd = [*self.launch(), os.path.join(ROOT, "train.py"), os.path.join(ROOT, job.v.config),
                *job.args, *(["--init_from=resume"] if resume else [])]
         log_path = os.path.join(job.run_dir, "train.log")
@@ -430,10 +480,9 @@ class Runner:
                 log.write(f"\n---- reproduce.py: resuming: {shlex.join(cmd)}\n")
                 log.flush()
             rc = self.children.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env)
-        wall = wall_before + time.time() - t0
-        state = {"args": job.args, "wall_s": wall, "code": now}
+        state["wall_s"] += time.time() - t0
         write_json(os.path.join(job.run_dir, "run.json"), state)
-        return self.result(job, rc, wall, resume, now, log_path)
+        return self.result(job, rc, state["wall_s"], resume, state["codes"], log_path)
 
     def launch(self):
         if self.torchrun is None:
@@ -441,20 +490,26 @@ class Runner:
         return [sys.executable, "-m", "torch.distributed.run", *self.torchrun]
 
     def start(self, job, resume, code):
-        """The wall time of the run so far; a run started afresh first loses the checkpoints of
-        other settings (they must not be resumed later)."""
+        """The run's record, written to its run.json before it starts: its wall time so far and
+        every code it ran under ("code" the first, "codes" all, this one last). A run started
+        afresh first loses the checkpoints of other settings (--replace: they must not be resumed
+        later); a folder no record accounts for never gets here (refuse_unaccounted)."""
         os.makedirs(job.run_dir, exist_ok=True)
-        state = os.path.join(job.run_dir, "run.json")
         if resume:
-            return (load_json(state) or {}).get("wall_s", 0)
-        for f in checkpoints(job.run_dir):
-            os.remove(f)
-        write_json(state, {"args": job.args, "wall_s": 0, "code": code})
-        return 0
+            codes = run_codes(job.record)
+            codes += [code] if code_id(code) != code_id(codes[-1]) else []
+            state = {"args": job.args, "wall_s": job.record.get("wall_s", 0), "code": codes[0],
+                     "codes": codes}
+        else:
+            for f in checkpoints(job.run_dir):
+                os.remove(f)
+            state = {"args": job.args, "wall_s": 0, "code": code, "codes": [code]}
+        write_json(os.path.join(job.run_dir, "run.json"), state)
+        return state
 
-    def result(self, job, rc, wall, resume, code, log_path):
+    def result(self, job, rc, wall, resume, codes, log_path):
         records = evals(job.run_dir)
-        max_iters = int(re.findall(r"--max_iters=(\d+)", " ".join(job.args))[-1])
+        max_iters = int(arg_value(job.args, "max_iters"))
         other_node = any(a.startswith("--node_rank=") and a != "--node_rank=0"
                          for a in self.torchrun or [])
         if rc == 0 and not records and other_node:
@@ -476,7 +531,7 @@ class Runner:
                 "val_loss_full": final.get("val_loss"), "train_loss_full": final.get("train_loss"),
                 "preconditioning": [[r["iter"], r["maps"]] for r in evals(job.run_dir, "precond")],
                 "curve": [[r["iter"], r["val_loss"]] for r in records], "wall_s": wall,
-                "scale_vectors": vectors, "sv_means": means, "code": code,
+                "scale_vectors": vectors, "sv_means": means, "code": codes[0], "codes": codes,
                 **({"epochs": job.epochs} if job.epochs is not None else {}),
                 **({"resumed": True} if resume else {})}
 
@@ -563,6 +618,11 @@ def parse_args(argv, grids):
             p.error(f"--{key} must be at least 1, not {getattr(a, key)}")
     if a.tokens is not None and not 0 < a.tokens < float("inf"):
         p.error(f"--tokens must be a positive number of tokens, not {a.tokens:g}")
+    if a.max_epochs is not None and not 0 < a.max_epochs < float("inf"):
+        p.error(f"--max_epochs must be a positive number of epochs, not {a.max_epochs:g}")
+    if a.dataset:
+        from dataset import dataset_dir
+        dataset_dir(a.dataset)   # a name too long for a folder: its one sentence
     a.argv = sys.argv[1:] if argv is None else argv
     return a, p
 
@@ -617,19 +677,28 @@ class Grid:
                         self.node)
 
     def jobs(self, variants, seeds):
-        """Seed by seed (an interrupted grid still has whole seeds), each saying if it is done."""
+        """Seed by seed (an interrupted grid still has whole seeds), each saying if it is done,
+        and what its folder holds of an interrupted run if not."""
         out = []
         for seed in range(1, seeds + 1):
             for v in variants:
                 args, run_dir = self.args_for(v, seed), self.run_dir(v, seed)
                 done = settings((load_result(run_dir) or {}).get("args")) == settings(args)
                 epochs = None if self.node else run_epochs(v, args, self.extra)
-                out.append(Job(v, seed, args, run_dir, done, epochs))
+                record = None if done else run_record(v, args, run_dir)
+                out.append(Job(v, seed, args, run_dir, done, epochs, record))
         return out
 
 
 def check_results_dir(out):
-    """The folder (or the first of its parents that exists) must be a folder."""
+    """The folder (or the first of its parents that exists) must be a folder, and each of its names
+    one that a folder can have."""
+    from dataset import NAME_MAX
+    long = next((n for n in out.split(os.sep) if len(os.fsencode(n)) > NAME_MAX), None)
+    if long:
+        raise SystemExit(f"error: the results folder {out[:40]}... has a name of "
+                         f"{len(os.fsencode(long))} bytes, and a folder's name is at most "
+                         f"{NAME_MAX}: pick a shorter --results_dir (or --dataset, which names it)")
     path = os.path.abspath(out)
     while not os.path.exists(path):
         path = os.path.dirname(path)
@@ -644,8 +713,8 @@ def conflicts(jobs):
     out = []
     for job in jobs:
         old = (load_result(job.run_dir) or {}).get("args")
-        if old is None and checkpoints(job.run_dir):
-            old = (load_json(os.path.join(job.run_dir, "run.json")) or {}).get("args")
+        if old is None and job.record:
+            old = job.record["args"]
         if not job.done and old is not None and settings(old) != settings(job.args):
             out.append((job.run_dir, old, job.args))
     return out
@@ -663,24 +732,37 @@ def refuse_other_settings(out, jobs):
                          "old ones")
 
 
+def refuse_unaccounted(out, jobs):
+    """A run folder with checkpoints that no record accounts for (run_record) is neither resumed
+    nor deleted, even with --replace: one sentence naming it."""
+    lost = [j for j in jobs if j.record is not None and j.record["args"] is None]
+    if lost:
+        raise SystemExit(f"error: {len(lost)} run folder(s) of {out} hold checkpoints of a run "
+                         "this grid cannot account for (no readable run.json, and "
+                         f"{lost[0].record['why']}, e.g. in {lost[0].run_dir}): they are neither "
+                         "resumed nor deleted; move them elsewhere (or delete them yourself), or "
+                         "use another --results_dir")
+
+
 def folder_codes(out, grid, args_for, jobs):
     """{code id: runs} of the grid's results in the folder, and of the interrupted runs a job
-    would resume."""
-    codes = [r.get("code") for res in collect(out, grid, args_for).values() for r in res.values()]
-    codes += [(load_json(os.path.join(j.run_dir, "run.json")) or {}).get("code") for j in jobs
-              if not j.done and resumable(j.run_dir, j.args)]
-    ids = [code_id(c) for c in codes]
+    would resume (a run resumed under other code counts for each of its codes)."""
+    records = [r for res in collect(out, grid, args_for).values() for r in res.values()]
+    records += [j.record for j in jobs if not j.done and resumable(j)]
+    ids = [code_id(c) for r in records for c in run_codes(r)]
     return {k: ids.count(k) for k in set(ids)}
 
 
-def refuse_mixed_code(out, codes, code):
-    """A folder holds the results of one code version, unless --mixed_code says otherwise."""
+def other_code(out, codes, code):
+    """Why a real run may not add runs to the folder (a folder holds the results of one code
+    version, unless --mixed_code says otherwise), or None."""
     other = {k: n for k, n in codes.items() if k != code_id(code)}
     if other:
         shown = ", ".join(f"{n} of {k}" for k, n in sorted(other.items()))
-        raise SystemExit(f"error: {out} holds runs of other code ({shown}) than this checkout's "
-                         f"({code_id(code)}): pass --mixed_code to add runs of this code anyway "
-                         "(summary.md lists each run's code), or use another --results_dir")
+        return (f"{out} holds runs of other code ({shown}) than this checkout's "
+                f"({code_id(code)}): pass --mixed_code to add runs of this code anyway "
+                "(summary.md lists each run's code), or use another --results_dir")
+    return None
 
 
 def plan(a, g, jobs, todo):
@@ -696,8 +778,7 @@ def plan(a, g, jobs, todo):
         secs, how = node_estimate(sized, a.tokens_per_s, gpus, g.extra)
         return (f"{line}; {sum(n for _, n in sized) / 1e9:.2f}B tokens to train, one run at a "
                 f"time on {gpus} GPUs; estimate {secs / 3600:.1f} h ({how})")
-    iters = [int(next(x for x in j.args if x.startswith("--max_iters=")).split("=")[1])
-             for j in todo]
+    iters = [int(arg_value(j.args, "max_iters")) for j in todo]
     at_once = max(1, min(a.jobs, os.cpu_count() or 1))
     secs = sum(local_estimate(j.v, n, g.extra) for j, n in zip(todo, iters)) / at_once
     span = f"{min(iters)}-{max(iters)}" if min(iters) < max(iters) else str(iters[0])
@@ -707,8 +788,7 @@ def plan(a, g, jobs, todo):
 def print_jobs(g, jobs):
     launch = ["python"] if g.torchrun is None else ["torchrun", *g.torchrun]
     for job in jobs:
-        resume = resumable(job.run_dir, job.args)
-        state = "done  " if job.done else "resume" if resume else "to do "
+        state = "done  " if job.done else "resume" if resumable(job) else "to do "
         print(f"{state} " + shlex.join([*launch, "train.py", job.v.config, *job.args]))
 
 
@@ -746,7 +826,7 @@ def run_all(a, g, todo, runner, progress):
     if g.node:
         for job in todo:
             if not runner.children.stop:
-                how = "resuming" if resumable(job.run_dir, job.args) else "starting"
+                how = "resuming" if resumable(job) else "starting"
                 print(f"[{progress.k + 1}/{progress.n}] {job.v.name} seed {job.seed}: {how}, "
                       f"log: {job.run_dir}/train.log", flush=True)
             try:
@@ -773,8 +853,8 @@ def write_reports(a, g, full, progress, t_start):
     launch = "python train.py" if g.torchrun is None else shlex.join(["torchrun", *g.torchrun,
                                                                       "train.py"])
     schedule = "<schedule for --tokens>" if g.node else shlex.join(sizing(a.max_iters))
-    own = sorted({int(o.split("=")[1]) for v in full for o in v.overrides
-                  if o.startswith("--max_iters=")})
+    own = sorted({int(arg_value(v.overrides, "max_iters")) for v in full
+                  if arg_value(v.overrides, "max_iters") is not None})
     if own and not g.node:   # the scaling grid sizes each row itself: say so, not one length
         schedule = (f"<schedule of --max_iters={a.max_iters}, or of the variant's own "
                     f"--max_iters: {own[0]} to {own[-1]} in this grid>")
@@ -812,12 +892,23 @@ def main(argv=None, grids=GRIDS):
     if not a.replace:
         refuse_other_settings(g.out, jobs)
     todo = [] if a.summary_only else [j for j in jobs if not j.done]
+    if todo:
+        refuse_unaccounted(g.out, jobs)
+    recovered = [j.run_dir for j in todo if (j.record or {}).get("recovered")]
+    if recovered:
+        print(f"note: {len(recovered)} run(s) without a readable run.json (e.g. {recovered[0]}) "
+              "resume from their checkpoints, which were trained with this grid's settings; the "
+              "code of their first part is unknown")
     code = code_version()
-    if todo and not a.mixed_code:
-        refuse_mixed_code(g.out, folder_codes(g.out, full, g.args_for, jobs), code)
+    mixed = other_code(g.out, folder_codes(g.out, full, g.args_for, jobs), code) if (
+        todo and not a.mixed_code) else None
+    if mixed and not a.dry_run:
+        raise SystemExit(f"error: {mixed}")
     print(plan(a, g, jobs, [j for j in jobs if not j.done]))
     if a.dry_run:
         print_jobs(g, jobs)
+        if mixed:   # the plan is shown all the same: a committed grid meets any edit this way
+            print(f"a real run of this command is refused: {mixed}")
         return 0
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -472,6 +472,9 @@ def test_a_dataset_is_prepared_where_train_py_looks_for_it(tmp_path, monkeypatch
     ({"tokenizer": "gpt2"}, "has vocab_size=3 for GPT-2's BPE, which has 50257"),
     ({"tokenizer": "byte", "vocab_size": 50257},
      "has vocab_size=50257 for the byte tokenizer, which has 257"),
+    # issue 31.7: passed the check, then crashed sample.py once that token was sampled
+    ({"chars": "a\ud800b"},
+     "has a lone surrogate (U+D800, half of a UTF-16 pair, not a character) at index 1 of 'chars'"),
 ])
 def test_meta_json_values_are_checked_in_one_sentence(tmp_path, change, words):
     meta = {"tokenizer": "char", "vocab_size": 3, "chars": "abc", **change}
@@ -482,6 +485,21 @@ def test_meta_json_values_are_checked_in_one_sentence(tmp_path, change, words):
     msg = error_of(e)
     assert (msg.startswith(f"error: {tmp_path / 'meta.json'} ") and words in msg
             and msg.endswith(": prepare the dataset again"))
+
+
+def test_a_dataset_name_longer_than_a_folder_name_is_one_sentence(tmp_path, monkeypatch):
+    """Issue 31.8: a 300-character --dataset was an OSError traceback (File name too long), in
+    every tool that looks for data/<name>; the limit is the filesystem's NAME_MAX, in bytes."""
+    monkeypatch.chdir(tmp_path)
+    assert dataset.dataset_dir("a" * 255) == Path("data") / ("a" * 255)
+    for name, size in (("a" * 256, 256), ("é" * 128, 256)):   # é: 2 bytes in UTF-8
+        with pytest.raises(SystemExit) as e:
+            dataset.load_meta(dataset.dataset_dir(name))
+        assert f"is {size} bytes long, and a folder's name is at most 255" in error_of(e)
+    (tmp_path / "in.txt").write_text("some text to prepare, long enough for both splits " * 4)
+    with pytest.raises(SystemExit) as e:
+        prepare_data.main(["text", "--input", "in.txt", "--name", "a" * 300])
+    assert "is 300 bytes long" in error_of(e) and sorted(os.listdir(tmp_path)) == ["in.txt"]
 
 
 # --- bad sources and a full disk: one sentence, nothing replaced (issue 20, item 17) -------------

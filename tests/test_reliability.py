@@ -790,3 +790,45 @@ def test_a_stop_during_the_step_0_evaluation_then_a_resume_logs_that_evaluation_
     train(workdir, "--out_dir=out_eval0", "--init_from=resume", "--max_iters=2",
           "--eval_interval=2")
     assert [r["iter"] for r in records(workdir, "out_eval0", "eval")] == [0, 2]
+
+
+def test_a_token_file_cut_short_during_the_start_up_check_is_one_sentence(tmp_path, monkeypatch):
+    """Issue 31.3: cutting train.bin short while the start-up check read it killed train.py with
+    SIGBUS (a memmap). The check reads with pread: the file, cut between two of its reads, is a
+    short read and one sentence."""
+    import numpy as np
+    import dataset
+    path = tmp_path / "train.bin"
+    np.zeros((1 << 22) + 1000, dtype=np.uint16).tofile(path)   # two of the check's 4M-token reads
+    check, cuts = dataset.TokenFile.check_ids, []
+
+    def check_then_cut(self, ids):   # a copy still in progress, or a second prepare_data.py
+        check(self, ids)
+        if not cuts:
+            cuts.append(os.truncate(path, 2000))
+    monkeypatch.setattr(dataset.TokenFile, "check_ids", check_then_cut)
+    with pytest.raises(SystemExit) as e:
+        dataset.TokenFile(path, 16, 65)
+    assert cuts and str(e.value.code) == (
+        f"error: {path} changed under the running trainer (cut short, replaced or removed): "
+        "restore it as it was, then continue from the last checkpoint with --init_from=resume")
+
+
+def test_a_checkpoint_without_a_vocabulary_record_resumes_only_on_its_own_dataset():
+    """Issue 31.11: a checkpoint from before the "vocab" record, resumed on another dataset of the
+    same vocabulary size, was then stamped with that dataset's vocabulary. Without the record, the
+    dataset its config names is the only one it resumes on."""
+    ckpt = {"model_args": {}, "iter_num": 4,
+            "config": {"optimizer": "adamw", "dataset": "tiny", "gradient_accumulation_steps": 1,
+                       "batch_size": 4, "block_size": 16}}
+    vocab = {"tokenizer": "char", "vocab_size": 3, "chars": "abc"}
+    config = {"optimizer": "adamw", "max_iters": 8}
+    notes = checkpoint.check_resume("ckpt.pt", ckpt, {**config, "dataset": "tiny"}, {}, vocab, 64)
+    assert notes == ["resuming from ckpt.pt at iteration 4"]
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        checkpoint.check_resume("ckpt.pt", ckpt, {**config, "dataset": "tiny2"}, {}, vocab, 64)
+    assert str(e.value).startswith(f"ckpt.pt was trained on another vocabulary than "
+                                   f"{os.path.join('data', 'tiny2')}/meta.json now holds")
+    # with the record, the record decides (a dataset renamed is the same vocabulary)
+    assert checkpoint.check_resume("ckpt.pt", {**ckpt, "vocab": vocab},
+                                   {**config, "dataset": "tiny2"}, {}, vocab, 64) == notes

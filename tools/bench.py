@@ -344,9 +344,14 @@ def check(argv):
     (ConfigError otherwise)."""
     refuse_ignored(argv)
     cfg = configure(defaults, argv, BENCH_RULES)
-    if cfg["profile"] and cfg["compare"]:
-        raise ConfigError("--profile=True profiles one configuration: drop --compare and profile "
-                          "each configuration in turn")
+    # --profile prints one configuration's table of ops: an option of another output is refused,
+    # never ignored
+    ignored = [f"--{k}" for k in ("compare", "interleave", "json") if cfg[k]]
+    if cfg["profile"] and ignored:
+        raise ConfigError(f"--profile=True prints one configuration's table of ops, and "
+                          f"{' and '.join(ignored)} would be ignored: drop "
+                          f"{'it' if len(ignored) == 1 else 'them'} and profile each "
+                          "configuration in turn")
     for name, args in (compared_runs(argv, cfg) if cfg["compare"] else {"base": argv}).items():
         try:
             c = configure(defaults, args, BENCH_RULES)

@@ -239,14 +239,17 @@ def write_gpt2_tokenizer(folder, model_max_length):
 
 # ---- the command ---------------------------------------------------------------------------------
 
+# written last into every export: what tells an earlier export from a folder that only holds
+# files of the same names (someone's config.json)
+MARK = "export_hf.json"
 EXPORT_FILES = {"model.safetensors", "config.json", "vocab.json", "merges.txt",
-                "tokenizer_config.json"}
+                "tokenizer_config.json", MARK}
 
 
 def check_target(folder):
-    """--to may name a new folder or an earlier export, which save() replaces whole; never anything
-    else (a run's out_dir, a home directory, a link to somewhere): ConfigError naming what is
-    there."""
+    """--to may name a new or empty folder or an earlier export (its MARK), which save() replaces
+    whole; never anything else (a run's out_dir, a home directory, someone's config.json, a link
+    to somewhere): ConfigError naming what is there."""
     if os.path.islink(folder):
         raise ConfigError(f"--to={folder} is a symbolic link (to {os.readlink(folder)}), and an "
                           "export replaces its folder whole: give the folder itself")
@@ -265,6 +268,11 @@ def check_target(folder):
         raise ConfigError(f"--to={folder} exists and holds {len(other)} file(s) an export does not "
                           f"write (e.g. {other[0]}), and an export replaces its folder whole: give "
                           "a new folder")
+    held = sorted(os.listdir(folder))
+    if held and MARK not in held:
+        raise ConfigError(f"--to={folder} holds {', '.join(held)} but no {MARK}, the mark of an "
+                          "export this tool wrote, and an export replaces its folder whole: give a "
+                          "new folder (or empty this one yourself)")
 
 
 def save(config, state, folder, tokenizer=None, block_size=1024):
@@ -285,6 +293,9 @@ def save(config, state, folder, tokenizer=None, block_size=1024):
             json.dump(config, f, indent=2)
         if tokenizer == "gpt2":
             write_gpt2_tokenizer(tmp, block_size)
+        with open(os.path.join(tmp, MARK), "w") as f:   # last: a whole export (check_target)
+            json.dump({"written_by": "python -m tools.export_hf",
+                       "architecture": config["architectures"][0]}, f, indent=2)
         _swap_in(tmp, folder)
     except Exception as e:   # OSError, or safetensors' own error around one
         why = "the disk is full" if getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) else \

@@ -24,12 +24,14 @@ run, skip, and are reported as SKIP with pytest's reason. Its figures say nothin
 the point is that the lines a GPU will run have run.
 
 Without CUDA and without --device=cpu it says so in one line and exits 0. Exit status 1 if a
-check failed. The figures of line 3 give the --tokens_per_s of `reproduce.py --dry_run` (times
+check failed; 143 if SIGTERM stopped it (its running check is ended and its work folder removed,
+as after Ctrl-C). The figures of line 3 give the --tokens_per_s of `reproduce.py --dry_run` (times
 the number of GPUs, for an estimate).
 """
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -93,9 +95,21 @@ def settings_for(device):
 
 
 def run(cmd, cwd=ROOT, timeout=600):
-    p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    return p.returncode, p.stdout + p.stderr
+    """(exit status, stdout + stderr) of cmd. A stop (SIGTERM, Ctrl-C, the timeout) ends the child
+    first, by SIGTERM, which torchrun passes on to its workers (SIGKILL after 30 s), so that
+    nothing writes into the work folder as it is removed."""
+    with subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}) as p:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except BaseException:
+            p.terminate()
+            try:
+                p.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+            raise
+    return p.returncode, out + err
 
 
 def last_line(text):
@@ -323,6 +337,17 @@ def run_checks(device):
     return count["FAIL"]
 
 
+class Terminated(BaseException):
+    """A SIGTERM (a CI timeout, a scheduler): raised where the checks are, so that the work folder
+    (4.2 GB of checkpoints on a GPU) is removed on the way out; not an Exception, which a check
+    that crashes is."""
+
+
+def terminated(sig, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)   # one stop; a second signal waits for it
+    raise Terminated
+
+
 def main(argv):
     import torch
     try:
@@ -336,7 +361,14 @@ def main(argv):
         return 0
     device = device or "cuda"
     print(first_line(device), flush=True)
-    return 1 if run_checks(device) else 0
+    old = signal.signal(signal.SIGTERM, terminated)
+    try:
+        return 1 if run_checks(device) else 0
+    except Terminated:
+        print("gpu_check: stopped by SIGTERM; its work folder is removed", flush=True)
+        return 128 + signal.SIGTERM
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 if __name__ == "__main__":

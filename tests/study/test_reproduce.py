@@ -178,7 +178,10 @@ def test_cpu_dry_run_estimates_each_run_by_its_own_iterations_and_size(
 
 
 @pytest.mark.parametrize("arg", ["--seeds=0", "--jobs=0", "--max_iters=0", "--nproc_per_node=0",
-                                 "--tokens=-1", "--tokens=nan", "--tokens=inf"])
+                                 "--tokens=-1", "--tokens=nan", "--tokens=inf",
+                                 # issue 31.4: nan planned 0 runs, "every run within"
+                                 "--max_epochs=nan", "--max_epochs=inf", "--max_epochs=0",
+                                 "--max_epochs=-1"])
 def test_counts_out_of_range_are_one_usage_error(arg, capsys):
     with pytest.raises(SystemExit) as e:
         reproduce.main([arg, "--dry_run"])
@@ -362,22 +365,47 @@ def test_epoch_cap_skips_and_names_the_runs_that_read_the_corpus_more_often(
     monkeypatch.chdir(tmp_path)
     data = tmp_path / "data" / "tiny_corpus"
     data.mkdir(parents=True)
-    (data / "meta.json").write_text(json.dumps({"tokenizer": "char", "vocab_size": 65,
-                                                "train_tokens": 200_000}))
+    (data / "train.bin").write_bytes(bytes(2 * 200_000))   # 200k tokens
     argv = ["--grid=regime", "--dataset=tiny_corpus", "--seeds=1", "--dry_run"]
-    assert reproduce.main(argv) == 0
-    out = capsys.readouterr().out
-    # 2x64 at 1 token/param: 139 iterations x 768 = 0.53 epochs of 200k tokens; every other run
-    # is over 1
-    assert "skipped, over --max_epochs=1: baseline_2x64_t10 (5.3 epochs)" in out, out
-    todo = [line for line in out.splitlines() if line.startswith("to do")]
-    assert len(todo) == 2 and all(
-        "--dataset=tiny_corpus" in line and "results/regime_tiny_corpus/" in line
-        for line in todo), todo
+    # issue 31.4: meta.json's count is not what train.py reads (1: every run was skipped; 1e15:
+    # every run was within); the file's size is
+    for told in (1, 10**15):
+        (data / "meta.json").write_text(json.dumps({"tokenizer": "char", "vocab_size": 65,
+                                                    "train_tokens": told}))
+        assert reproduce.main(argv) == 0
+        out = capsys.readouterr().out
+        # 2x64 at 1 token/param: 139 iterations x 768 = 0.53 epochs of 200k tokens; every other
+        # run is over 1
+        assert "skipped, over --max_epochs=1: baseline_2x64_t10 (5.3 epochs)" in out, out
+        todo = [line for line in out.splitlines() if line.startswith("to do")]
+        assert len(todo) == 2 and all(
+            "--dataset=tiny_corpus" in line and "results/regime_tiny_corpus/" in line
+            for line in todo), todo
     assert reproduce.main([*argv, "--max_epochs=6"]) == 0
     assert "baseline_3x96_t10 (16.6 epochs)" in capsys.readouterr().out   # 2x64 at 10 is now in
     with pytest.raises(SystemExit, match="no prepared data in data/absent"):
         reproduce.main(["--grid=regime", "--dataset=absent", "--dry_run"])
+
+
+def test_the_cap_and_the_estimate_read_the_max_iters_train_py_runs_the_last(
+        tmp_path, monkeypatch, capsys):
+    """Issue 31.4: a run's arguments were read first-wins (its variant's --max_iters=139), while
+    train.py reads them last-wins (--extra's 200000): 768-epoch runs were planned as within one."""
+    assert reproduce.arg_value(["--max_iters=5", "--seed=1", "--max_iters=7"], "max_iters") == "7"
+    assert reproduce.arg_value(["--max_iters_x=5"], "max_iters", "none") == "none"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data" / "c").mkdir(parents=True)
+    (tmp_path / "data" / "c" / "train.bin").write_bytes(bytes(2 * 200_000))
+    argv = ["--grid=regime", "--dataset=c", "--seeds=1", "--dry_run", "--extra=--max_iters=200000"]
+    assert reproduce.main([*argv, "--max_epochs=1"]) == 0
+    out = capsys.readouterr().out
+    # 200000 x 768 tokens of 200k: 768 epochs, for every run of the grid
+    assert ("skipped, over --max_epochs=1: baseline_2x64_t1 (768.0 epochs), unified_2x64_t1 "
+            "(768.0 epochs)" in out and "0 runs, 0 done, 0 to do" in out), out
+    assert reproduce.main([*argv, "--max_epochs=1000"]) == 0
+    out = capsys.readouterr().out
+    assert "16 to do; 200000 iterations each; estimate" in out, out
+    assert out.count("--max_iters=200000 --dataset=c --seed=1") == 16
 
 
 def test_tuned_rows_pair_each_familys_best_rate_with_the_baselines_best_rate():
@@ -629,6 +657,10 @@ def test_a_torn_or_empty_result_is_left_out_with_a_note(flag, tmp_path, monkeypa
     (["--add=.x:config/baseline_char.py"], "not start with a dot"),
     (["--results_dir=README.md"], "is a file, not a folder"),
     (["--results_dir=README.md/x"], "is a file, not a folder"),
+    # issue 31.8: an OSError traceback (File name too long)
+    ([f"--dataset={'d' * 300}"], "the dataset name dddddddddddddddddddd... is 300 bytes long"),
+    ([f"--dataset={'d' * 254}"], "has a name of 256 bytes"),   # g_ddd...: the results folder
+    ([f"--results_dir=res/{'r' * 300}"], "has a name of 300 bytes"),
 ])
 def test_a_name_outside_runs_or_a_file_as_results_dir_is_one_sentence(
         argv, words, tmp_path, monkeypatch):
@@ -694,6 +726,13 @@ def test_a_folder_holds_one_code_version_unless_mixed_code(tmp_path, monkeypatch
         reproduce.main(["--grid=g", "--seeds=2", "--max_iters=8", "--results_dir=res"], ONE)
     msg = one_line_error(e)
     assert "holds runs of other code (1 of f2e3455-dirty)" in msg and "--mixed_code" in msg, msg
+    # issue 31.13: a dry run shows the plan all the same, and says what a real run needs
+    capsys.readouterr()
+    assert reproduce.main(["--grid=g", "--seeds=2", "--max_iters=8", "--results_dir=res",
+                           "--dry_run"], ONE) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("grid g: 1 variants x 2 seeds = 2 runs, 1 done, 1 to do"), out
+    assert out[-1] == f"a real run of this command is refused: {msg[len('error: '):]}", out
 
     calls = []   # the first call is the grid's start; the code is edited after it
     monkeypatch.setattr(reproduce, "code_version",
@@ -808,3 +847,138 @@ def test_the_summary_says_which_code_made_the_runs():
     mixed = report.code_lines({"a": {1: {"code": one}, 2: {}}, "b": {1: {"code": "f2e3455-dirty"}}})
     assert mixed == [f"Code: the runs mix code versions (--mixed_code): 1 by abc "
                      f"(commit {'c' * 12}); 1 by f2e3455-dirty; 1 by unknown."]
+    # issue 31.2: a result.json from before "codes" reads as its one code
+    assert report.run_codes({"code": one}) == [one] and report.run_codes({}) == [None]
+    assert report.run_codes({"code": one, "codes": [one, "x"]}) == [one, "x"]
+
+
+# ---- issue 31: nothing deleted that the grid cannot account for; records survive a crash; every
+# code a run ran under
+def interrupted_run(tmp_path, change=None, loadable=True, run_json=""):
+    """res/runs/a/seed1 of grid ONE (8 iterations) as a crash or a hand run leaves it: a
+    checkpoint at iteration 4 of train.py's config (the grid's own, or `change`d), `latest`, and a
+    run.json that is empty ("": renamed into place before its data reached the disk), torn, or
+    missing (None). Returns (the folder, its files' bytes)."""
+    import torch
+    run = tmp_path / "res" / "runs" / "a" / "seed1"
+    run.mkdir(parents=True)
+    args = reproduce.run_args(ONE["g"][0], 8, [], 1, os.path.join("res", "runs", "a", "seed1"))
+    config = {**reproduce.train_config("config/baseline_char.py", tuple(args)),
+              "out_dir": "moved/elsewhere", "init_from": "resume", **(change or {})}
+    state = {"model": {"w": torch.zeros(2)}, "optimizers": [], "model_args": {},
+             "config": config, "iter_num": 4, "best_val_loss": 2.0}
+    if loadable:
+        torch.save(state, run / "ckpt_0000004.pt")
+    else:
+        (run / "ckpt_0000004.pt").write_bytes(b"not a checkpoint")
+    (run / "latest").write_text("ckpt_0000004.pt")
+    if run_json is not None:
+        (run / "run.json").write_text(run_json)
+    return run, {p.name: p.read_bytes() for p in run.iterdir()}
+
+
+G = ["--grid=g", "--seeds=1", "--max_iters=8", "--results_dir=res"]
+
+
+@pytest.mark.parametrize("run_json", ["", '{"args": ["--max_it', None])
+def test_a_run_without_a_readable_run_json_resumes_from_its_checkpoints_own_config(
+        run_json, tmp_path, monkeypatch, capsys):
+    """Issue 31.1: an empty or torn run.json (or none: train.py run there by hand) made the grid
+    delete the run's checkpoints and start it over; --dry_run listed it as "to do"."""
+    monkeypatch.chdir(tmp_path)
+    run, files = interrupted_run(tmp_path, run_json=run_json)
+    assert reproduce.main([*G, "--dry_run"], ONE) == 0
+    out = capsys.readouterr().out
+    assert "1 runs, 0 done, 1 to do" in out and "\nresume python train.py" in out, out
+    assert "without a readable run.json" in out and "--mixed_code" in out   # its code: unknown
+    cmds = []
+    monkeypatch.setattr(reproduce.Children, "run", lambda self, cmd, **kw: cmds.append(cmd) or 1)
+    assert reproduce.main([*G, "--mixed_code"], ONE) == 1
+    assert len(cmds) == 1 and cmds[0][-1] == "--init_from=resume", cmds
+    assert (run / "ckpt_0000004.pt").read_bytes() == files["ckpt_0000004.pt"]
+    state = json.loads((run / "run.json").read_text())   # written again, whole
+    assert state["args"] == cmds[0][3:-1] and state["codes"] == [None, reproduce.code_version()]
+
+
+@pytest.mark.parametrize("change, loadable, why", [
+    ({"max_iters": 20, "device": "cpu"}, True,
+     "ckpt_0000004.pt was trained with max_iters=20, not 8; device='cpu', not ''"),
+    (None, False, "none of its checkpoints loads")])
+def test_checkpoints_no_record_accounts_for_are_neither_resumed_nor_deleted(
+        change, loadable, why, tmp_path, monkeypatch, capsys):
+    """Issue 31.1: a run that train.py wrote into a run folder by hand (other settings), or one
+    whose checkpoint does not load, was deleted without a word when its run.json was unreadable.
+    Now the grid refuses in one sentence, --dry_run and --replace alike, and touches nothing."""
+    monkeypatch.chdir(tmp_path)
+    run, files = interrupted_run(tmp_path, change, loadable, run_json=None)
+    monkeypatch.setattr(reproduce.Children, "run",
+                        lambda self, cmd, **kw: pytest.fail("must not start"))
+    for more in (["--dry_run"], ["--replace", "--mixed_code"]):
+        with pytest.raises(SystemExit) as e:
+            reproduce.main([*G, *more], ONE)
+        msg = one_line_error(e)
+        assert ("1 run folder(s) of res hold checkpoints of a run this grid cannot account for"
+                in msg and why in msg and f"in {os.path.join('res', 'runs', 'a', 'seed1')}" in msg
+                and "neither resumed nor deleted" in msg), msg
+        assert {p.name: p.read_bytes() for p in run.iterdir()} == files
+    assert reproduce.main([*G, "--summary_only"], ONE) == 0   # a summary touches no run
+
+
+def test_every_record_is_fsynced_before_its_rename(tmp_path, monkeypatch):
+    """Issue 31.1: run.json was renamed into place without an fsync, so a crash could leave it
+    empty. Each record: written to a temporary name, fsynced, renamed, the rename fsynced."""
+    events = []
+    fsync, replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: events.append(
+        ("fsync", os.readlink(f"/proc/self/fd/{fd}"))) or fsync(fd))
+    monkeypatch.setattr(os, "replace", lambda a, b: events.append(("replace", str(b)))
+                        or replace(a, b))
+    path = tmp_path / "run.json"
+    reproduce.write_json(str(path), {"args": ["--seed=1"]})
+    report.write_summary(str(tmp_path), [], ["# header"])
+    for i, name in ((0, "run.json"), (3, "summary.md")):
+        target = str(tmp_path / name)
+        assert events[i][0] == "fsync" and events[i][1].startswith(target + ".tmp"), events
+        assert events[i + 1:i + 3] == [("replace", target), ("fsync", str(tmp_path))], events
+    assert json.loads(path.read_text()) == {"args": ["--seed=1"]}
+    assert sorted(os.listdir(tmp_path)) == ["run.json", "summary.md"]
+
+
+def test_a_run_resumed_under_other_code_records_every_code_and_the_summary_lists_it_as_mixed(
+        tmp_path, monkeypatch, capsys):
+    """Issue 31.2: with --mixed_code a run resumed under edited code recorded only the last code;
+    result.json and summary.md said one code made it."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(reproduce, "plot_grid", lambda *a, **k: None)
+    run = tmp_path / "res" / "runs" / "a" / "seed1"
+    one, two = ({"commit": c * 40, "diff": None, "id": name} for c, name in (("1", "one"),
+                                                                            ("2", "two")))
+    code = [one]
+    monkeypatch.setattr(reproduce, "code_version", lambda: code[0])
+
+    def train(self, cmd, **kw):
+        """train.py: the first part checkpoints at iteration 4 and dies; the resumed one ends."""
+        resumed = cmd[-1] == "--init_from=resume"
+        (run / "ckpt_0000004.pt").write_bytes(b"ckpt")
+        (run / "latest").write_text("ckpt_0000004.pt")
+        evals = [{"kind": "eval", "iter": i, "val_loss": 2.0, "train_loss": 2.0}
+                 for i in ((0, 4, 8) if resumed else (0, 4))]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evals))
+        return 0 if resumed else -9
+    monkeypatch.setattr(reproduce.Children, "run", train)
+    assert reproduce.main(G, ONE) == 1
+    assert "FAILED (exit -9, stopped at iteration 4" in capsys.readouterr().out
+    code[0] = two   # the code is edited, the run resumed under it
+    assert reproduce.main([*G, "--mixed_code"], ONE) == 0
+    assert "val 2.0000" in capsys.readouterr().out
+    result = json.loads((run / "result.json").read_text())
+    assert result["code"] == one and result["codes"] == [one, two] and result["resumed"]
+    assert json.loads((run / "run.json").read_text())["codes"] == [one, two]
+    mixed = (f"Code: the runs mix code versions (--mixed_code): 1 by one (commit {'1' * 12}) "
+             f"then two (commit {'2' * 12}) (resumed under other code).")
+    assert mixed in (tmp_path / "res" / "summary.md").read_text()
+    # and the folder counts both codes: a third code is refused, naming each
+    code[0] = {**one, "id": "three"}
+    assert "(1 of one, 1 of two)" in str(reproduce.other_code("res", reproduce.folder_codes(
+        "res", ONE["g"], reproduce.Grid(reproduce.parse_args(G, ONE)[0], ONE).args_for, []),
+        code[0]))

@@ -146,6 +146,20 @@ def test_bench_bad_input_is_one_sentence(args, words, tmp_path, monkeypatch):
     assert bench_py.check([*tiny, "--dataset=none", "--vocab_size=50"])["vocab_size"] == 50
 
 
+@pytest.mark.parametrize("args, named", [
+    (["--compare=gpt2"], "--compare"), (["--interleave=True"], "--interleave"),
+    (["--json=True"], "--json"), (["--json=True", "--interleave=True"], "--interleave and --json")])
+def test_profile_with_an_option_it_would_ignore_is_one_sentence(args, named):
+    """Issue 31.10: --profile=True ignored --interleave and --json without a word (--compare was
+    refused already)."""
+    with pytest.raises(ConfigError) as e:
+        bench_py.check([*TINY, "--dataset=none", "--profile=True", *args])
+    assert str(e.value) == (f"--profile=True prints one configuration's table of ops, and {named} "
+                            f"would be ignored: drop {'them' if ' and ' in named else 'it'} and "
+                            "profile each configuration in turn")
+    assert bench_py.check([*TINY, "--dataset=none", *args])[args[0][2:].split("=")[0]]
+
+
 @pytest.mark.parametrize("arg", ["--steps=0", "--rounds=0", "--warmup=-1", "--batch_size=0",
                                  "--arch=gpt3"])
 def test_bench_values_out_of_range_are_refused(arg):

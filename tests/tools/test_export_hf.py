@@ -167,14 +167,16 @@ def test_command_exports_the_newest_checkpoint_with_its_tokenizer(tmp_path, monk
                       GPTConfig(**{**TINY, "vocab_size": 50257, "n_embd": 32}, sv_hetero=True),
                       "web", "gpt2")
     (tmp_path / "hf" / "run").mkdir(parents=True)
-    # replaced whole
+    # an earlier export (its mark): replaced whole
     (tmp_path / "hf" / "run" / "model.safetensors").write_text("an earlier export")
+    (tmp_path / "hf" / "run" / "export_hf.json").write_text("{}")
     export_hf.main(["--out_dir=out", "--to=hf/run"])
     printed = capsys.readouterr().out
     assert ("ckpt_0000007.pt" in printed and "50257 of 50304 vocabulary rows" in printed
             and "verify: max |logit difference|" in printed)
-    assert sorted(os.listdir("hf/run")) == ["config.json", "merges.txt", "model.safetensors",
-                                            "tokenizer_config.json", "vocab.json"]
+    assert sorted(os.listdir("hf/run")) == ["config.json", "export_hf.json", "merges.txt",
+                                            "model.safetensors", "tokenizer_config.json",
+                                            "vocab.json"]
     tok = transformers.AutoTokenizer.from_pretrained("hf/run")
     hf = transformers.AutoModelForCausalLM.from_pretrained("hf/run", dtype=torch.float32)
     idx = torch.tensor([tok("Hello world, said the model.")["input_ids"]])
@@ -213,6 +215,31 @@ def test_command_never_replaces_a_folder_that_is_not_an_export(tmp_path, monkeyp
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
 
+def test_an_export_replaces_only_an_earlier_export_it_recognizes(tmp_path, monkeypatch):
+    """Issue 31.6: a folder that held only someone's config.json (a name an export writes) was
+    replaced whole. An export is recognized by the mark it writes last, export_hf.json."""
+    pytest.importorskip("safetensors")
+    monkeypatch.chdir(tmp_path)
+    write_run(tmp_path, GPTConfig(**TINY), "tiny", "char")
+    for name in ("theirs", "old_export"):   # an export from before the mark alike
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text('{"mine": 1}')
+    (tmp_path / "old_export" / "model.safetensors").write_text("weights")
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    for to, held in (("theirs", "config.json"), ("old_export", "config.json, model.safetensors")):
+        with pytest.raises(SystemExit) as e:
+            export_hf.main(["--out_dir=out", f"--to={to}", "--verify=False"])
+        assert str(e.value) == (f"error: --to={to} holds {held} but no export_hf.json, the mark "
+                                "of an export this tool wrote, and an export replaces its folder "
+                                "whole: give a new folder (or empty this one yourself)")
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    (tmp_path / "empty").mkdir()
+    for to in ("empty", "empty", "new"):   # an empty folder, then over its own export; a new one
+        export_hf.main(["--out_dir=out", f"--to={to}", "--verify=False"])
+        assert json.loads((tmp_path / to / "export_hf.json").read_text()) == {
+            "written_by": "python -m tools.export_hf", "architecture": "LlamaForCausalLM"}
+
+
 # ---- issue 20: the export writes only its own folder, and checks what it reads ------------------
 
 def exported_state():
@@ -232,7 +259,8 @@ def test_an_export_never_deletes_a_folder_it_did_not_create(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["r", "r.old", "r.tmp"]
     assert all((tmp_path / n / "ckpt_0000010.pt").read_text() == "a run"
                for n in ("r.old", "r.tmp"))
-    assert sorted(os.listdir(tmp_path / "r")) == ["config.json", "model.safetensors"]
+    assert sorted(os.listdir(tmp_path / "r")) == ["config.json", "export_hf.json",
+                                                  "model.safetensors"]
 
 
 def test_a_failed_write_is_one_sentence_and_leaves_the_earlier_export(tmp_path, monkeypatch):
@@ -313,5 +341,5 @@ def test_a_byte_run_exports_without_tokenizer_files(tmp_path, monkeypatch, capsy
     monkeypatch.chdir(tmp_path)
     write_run(tmp_path, GPTConfig(**{**TINY, "vocab_size": 257}), "bytes", "byte")
     export_hf.main(["--out_dir=out", "--to=hf/run", "--verify=False"])
-    assert sorted(os.listdir("hf/run")) == ["config.json", "model.safetensors"]
+    assert sorted(os.listdir("hf/run")) == ["config.json", "export_hf.json", "model.safetensors"]
     assert "tokenizer: none written (byte-level" in capsys.readouterr().out

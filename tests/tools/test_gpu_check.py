@@ -1,7 +1,11 @@
 """gpu_check.py: its helpers, its command line, its resume check on a tiny model, and the whole of
 it rehearsed on the CPU (`gpu_check.py --device=cpu`: every check but the CUDA tests)."""
+import os
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 
 import pytest
 import torch
@@ -78,8 +82,8 @@ def test_a_bad_command_line_is_one_sentence(argv, message):
 def test_gpu_check_without_cuda_says_so_in_one_line():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the check itself runs here")
-    p = subprocess.run([sys.executable, "-m", "tools.gpu_check"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120)
+    p = subprocess.run([sys.executable, "-m", "tools.gpu_check"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
     assert p.returncode == 0 and p.stderr == "" and p.stdout.count("\n") == 1
     assert "no CUDA device" in p.stdout and "--device=cpu" in p.stdout
 
@@ -110,3 +114,52 @@ def test_gpu_check_rehearsed_on_the_cpu_passes():
     assert verdicts == [["SKIP", "cuda tests"]] + [["PASS", name] for name in CHECKS[1:]], p.stdout
     assert "MFU" not in lines[3] and "bit-exact" in lines[4] and "bit-exact" in lines[5]
     assert lines[-1].startswith("gpu_check: 4 of 5 checks passed, 1 skipped, 0 failed")
+
+
+class Guard(BaseException):
+    """What this test's own SIGTERM handler raises where gpu_check installs none."""
+
+
+def test_a_sigterm_removes_the_work_folder_and_exits_143(tmp_path, monkeypatch, capsys):
+    """Issue 31.5: gpu_check ended by SIGTERM (a CI timeout, a scheduler) left its work folder (4.2
+    GB on a GPU) in the system temp folder. Now the check running stops, the folder goes, and the
+    exit status is 143; the next checks do not run."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(gpu_check, "first_line", lambda device: "gpu_check rehearsed")
+    monkeypatch.setattr(gpu_check, "prepare_shakespeare",
+                        lambda workdir: open(os.path.join(workdir, "train.bin"), "w").close())
+
+    def stopped():
+        assert len(os.listdir(tmp_path)) == 1   # the work folder
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)   # the signal arrives here
+        return True, "not reached"
+    monkeypatch.setattr(gpu_check, "checks", lambda workdir, device: [
+        ("stopped", stopped), ("next", lambda: pytest.fail("a check after the stop ran"))])
+    old = signal.signal(signal.SIGTERM, lambda sig, frame: (_ for _ in ()).throw(Guard()))
+    try:
+        assert gpu_check.main(["--device=cpu"]) == 128 + signal.SIGTERM
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN   # given back
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert os.listdir(tmp_path) == []
+    assert capsys.readouterr().out.splitlines()[-1] == ("gpu_check: stopped by SIGTERM; its work "
+                                                        "folder is removed")
+
+
+@pytest.mark.slow   # gpu_check in a subprocess, stopped during its first check (a pytest child)
+def test_gpu_check_stopped_by_sigterm_leaves_nothing_in_the_temp_folder(tmp_path):
+    p = subprocess.Popen([sys.executable, "-m", "tools.gpu_check", "--device=cpu"], cwd=ROOT,
+                         env={**os.environ, "TMPDIR": str(tmp_path)}, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    # Tiny Shakespeare is prepared: the first check (a pytest run in a child) has started
+    while time.time() < deadline and not list(tmp_path.glob("*/data/shakespeare/val.bin")):
+        time.sleep(0.1)
+    assert list(tmp_path.glob("*/data/shakespeare/val.bin")), "the work folder never appeared"
+    time.sleep(1)
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 128 + signal.SIGTERM and "Traceback" not in out, out
+    assert out.splitlines()[-1] == "gpu_check: stopped by SIGTERM; its work folder is removed"
+    assert os.listdir(tmp_path) == [], os.listdir(tmp_path)
