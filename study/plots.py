@@ -7,8 +7,6 @@ import re
 
 import numpy as np
 
-from study.report import T975
-
 
 def pyplot():
     import matplotlib
@@ -24,11 +22,12 @@ def root_of(grid, name):
     return name
 
 
-def plot_grid(out, grid, results):
-    """reproduce.py's three figures of a grid, from its results ({variant: {seed: result.json}}):
+def plot_grid(out, grid, results, ci=None):
+    """reproduce.py's figures of a grid, from its results ({variant: {seed: result.json}}):
     val_loss.png (each baseline's group, mean and min-max over seeds), diff_vs_baseline.png
-    (paired differences) and scale_vectors.png (the growth of every effective vector, paper
-    2.2)."""
+    (paired differences, shaded by ci(diffs) -> [lo, hi], report.ci95), precond.png (the
+    preconditioning telemetry) and scale_vectors.png (the growth of every effective vector,
+    paper 2.2)."""
     plt = pyplot()
     have = [v for v in grid if results.get(v.name)]
     groups = {}
@@ -78,11 +77,9 @@ def plot_grid(out, grid, results):
             d = ys[:, np.isin(its, common)] - yb[:, np.isin(its_b, common)]
             line, = ax.plot(common, d.mean(0), label=f"{v.name} - {v.baseline} (n={len(seeds)})",
                             lw=1)
-            if len(seeds) > 1:   # the 95% t-interval of the mean, evaluation by evaluation
-                half = T975[min(len(seeds) - 1, len(T975)) - 1] * d.std(0, ddof=1) / np.sqrt(
-                    len(seeds))
-                ax.fill_between(common, d.mean(0) - half, d.mean(0) + half,
-                                color=line.get_color(), alpha=0.2)
+            if len(seeds) > 1 and ci:   # the interval of the mean, evaluation by evaluation
+                lo, hi = np.array([ci(list(col)) for col in d.T]).T
+                ax.fill_between(common, lo, hi, color=line.get_color(), alpha=0.2)
         ax.axhline(0, color="k", lw=0.5)
         ax.set(xlabel="iteration", ylabel="paired val loss difference (20 batches)",
                title=f"{root} group: mean and 95% interval over seeds")

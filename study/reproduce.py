@@ -61,8 +61,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from study.grids import (GRIDS, MAX_ITERS, MS_PER_ITER, OVERHEAD_S, is_node_grid, parse_added,
                          sizing)
 from study.plots import plot_grid, plot_report
-from study.report import (REPORTS, arg_value, code_id, code_lines, meta_gpt, run_codes, summarize,
-                          write_summary)
+from study.report import (REPORTS, arg_value, ci95, code_id, code_lines, meta_gpt, run_codes,
+                          summarize, write_summary)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 
@@ -873,7 +873,7 @@ def write_reports(a, g, full, progress, t_start):
     write_json(os.path.join(g.out, "summary.json"), summary)
     write_summary(g.out, rows, header, lines)
     if results:
-        plot_grid(g.out, full, results)
+        plot_grid(g.out, full, results, ci=ci95)
         if report:
             plot_report(g.out, a.grid, report)
 
