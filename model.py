@@ -835,9 +835,9 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate_tokens(self, idx, max_new_tokens, temperature=1.0, top_k=None):
-        """Yield max_new_tokens sampled ids (B, 1) after the prompt idx (B, T), one at a time, so that
-        a caller can print each as it comes (sample.py); at most block_size tokens are fed back;
-        temperature 0: greedy, the most likely token each time."""
+        """Yield max_new_tokens sampled ids (B, 1) after the prompt idx (B, T), one at a time, so
+        that a caller can print each as it comes (sample.py); at most block_size tokens are fed
+        back; temperature 0: greedy, the most likely token each time."""
         for _ in range(max_new_tokens):
             logits, _ = self(idx[:, -self.config.block_size:])
             logits = logits[:, -1, :]
