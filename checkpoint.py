@@ -318,6 +318,25 @@ def load_model(out_dir):
     return path, state, model
 
 
+def describe(path, state):
+    """One line on a checkpoint for sample.py: its step and the validation loss its weights had.
+    best_val_loss is the best of the evaluations up to the checkpoint, so one saved on a stop signal
+    between evaluations carries an earlier step's (step 0's, at worst): the run's metrics.jsonl
+    beside it says which evaluation came last."""
+    it, best = state["iter_num"], state["best_val_loss"]
+    metrics = os.path.join(os.path.dirname(path), "metrics.jsonl")
+    evals = [r for r in (read_metrics(metrics)[0] if os.path.isfile(metrics) else [])
+             if isinstance(r, dict) and r.get("kind") == "eval" and isinstance(r.get("iter"), int)
+             and isinstance(r.get("val_loss"), (int, float)) and r["iter"] <= it]
+    if not evals:   # a checkpoint copied without its metrics.jsonl
+        return f"{path} (iteration {it}, best val loss {best:.4f} of the evaluations up to it)"
+    last = evals[-1]
+    if last["iter"] == it:
+        return f"{path} (iteration {it}, val loss {last['val_loss']:.4f}, best {best:.4f})"
+    return (f"{path} (iteration {it}, saved between evaluations: none since step {last['iter']}'s, "
+            f"val loss {last['val_loss']:.4f})")
+
+
 def check_resume(path, ckpt, config, model_args, vocab, tokens_per_iter):
     """A resume continues the checkpoint's run: the same model and optimizer, and the vocabulary it
     was trained on (the same token ids would otherwise mean other text); CheckpointError if not.

@@ -6,7 +6,9 @@ Positional args are Python config files, applied in order (later wins); every
 --key=value override is applied after all files. Keys must already exist in the
 defaults and values must match the default's type (an int is accepted for a
 float; a None default accepts anything). A str default takes the raw text, so
---out_dir=123 and --init_from=None stay strings. -h/--help lists the keys.
+--out_dir=123 and --init_from=None stay strings. A key whose default is a bool may
+stand alone: --compile means --compile=True (write --compile=False to turn it off).
+-h/--help lists the keys.
 Config files are Python and are executed: run only config files you trust.
 
     config = configure({k: globals()[k] for k in config_keys}, sys.argv[1:], TRAIN_RULES)
@@ -99,8 +101,12 @@ def configure(defaults: dict, argv: list, rules=None) -> dict:
     for arg in argv:
         if arg.startswith("--"):
             key, eq, raw = arg[2:].partition("=")
-            if not eq:
-                raise ConfigError(f"bad argument {arg!r}: use --{key}=value")
+            if not eq and isinstance(defaults.get(key), bool):
+                raw = "True"   # a bare --compile means --compile=True, as argparse's store_true
+            elif not eq:
+                _known(key, defaults, f"from {arg}")
+                raise ConfigError(f"bad argument {arg!r}: use --{key}=value (only a key whose "
+                                  "default is True or False may stand alone)")
             overrides.append((key, raw, arg))
         elif os.path.isfile(arg):
             files.append(arg)

@@ -145,6 +145,23 @@ def get_tokenizer(meta):
                      f"(expected {KNOWN})")
 
 
+def decode_stream(decode, ids):
+    """The text of a sequence of token ids (an iterable, e.g. a model's samples as they come) in
+    pieces, one per id, whose concatenation is decode(all ids): what sample.py prints as it samples.
+    A byte or GPT-2 token may end inside a UTF-8 character, which decodes to a trailing U+FFFD: that
+    piece is held back until the next ids complete the character (or the ids end). UTF-8 resyncs, so
+    the text before it never changes; once the text ends on a whole character, decoding starts
+    afresh (a long sample is not decoded again from its start for every token)."""
+    pending, shown = [], ""   # the ids since the text last ended on a whole character
+    for i in ids:
+        pending.append(i)
+        text = decode(pending)
+        whole = text.rstrip("\ufffd")
+        yield whole[len(shown):]
+        pending, shown = ([], "") if whole == text else (pending, whole)
+    yield decode(pending)[len(shown):]
+
+
 # ---- token files --------------------------------------------------------------------------------
 
 def file_id(path):

@@ -886,8 +886,14 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
-        """Sample max_new_tokens after the prompt idx (B, T), feeding back at most block_size
-        tokens; temperature 0: greedy, the most likely token each time."""
+        """The prompt idx (B, T) followed by max_new_tokens sampled ids (generate_tokens)."""
+        return torch.cat((idx, *self.generate_tokens(idx, max_new_tokens, temperature, top_k)), 1)
+
+    @torch.no_grad()
+    def generate_tokens(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        """Yield max_new_tokens sampled ids (B, 1) after the prompt idx (B, T), one at a time, so
+        that a caller can print each as it comes (sample.py); at most block_size tokens are fed
+        back; temperature 0: greedy, the most likely token each time."""
         for _ in range(max_new_tokens):
             logits, _ = self(idx[:, -self.config.block_size:])
             logits = logits[:, -1, :]
@@ -900,7 +906,7 @@ class GPT(nn.Module):
                     logits[logits < kth] = -float("inf")
                 idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
             idx = torch.cat((idx, idx_next), dim=1)
-        return idx
+            yield idx_next
 
 
 @torch.no_grad()

@@ -1,5 +1,6 @@
 r"""
-Sample from a trained model: the newest complete checkpoint of out_dir.
+Sample from a trained model: the newest complete checkpoint of out_dir. Each sample is printed
+token by token as it is sampled.
 
     python sample.py --out_dir=out/shakespeare_char --start="ROMEO:" --num_samples=2 \
         --max_new_tokens=300
@@ -8,6 +9,7 @@ Sample from a trained model: the newest complete checkpoint of out_dir.
 Config files given as arguments are Python and are executed, as in train.py: run only those you
 trust.
 """
+import itertools
 import sys
 
 import torch
@@ -15,7 +17,7 @@ import torch
 import checkpoint
 from configurator import SAMPLE_RULES, ConfigError, check_device, configure
 from model import default_device
-from dataset import dataset_dir, get_tokenizer, load_meta, meta_problem
+from dataset import dataset_dir, decode_stream, get_tokenizer, load_meta, meta_problem
 
 out_dir = "out"
 start = "\n"            # the prompt, or FILE:path to read it from a file
@@ -34,7 +36,6 @@ try:
 except ConfigError as e:
     sys.exit(f"error: {e}")
 device = device or default_device()
-torch.manual_seed(seed)
 try:
     path, ckpt, model = checkpoint.load_model(out_dir)
 except checkpoint.CheckpointError as e:
@@ -71,8 +72,12 @@ except ValueError as e:   # a character outside a char-level vocabulary
 if not ids:
     sys.exit("error: the prompt encodes to no token: give a non-empty --start")
 x = torch.tensor(ids, dtype=torch.long, device=device)[None, :]
-print(f"{path} (iteration {ckpt['iter_num']}, best val loss {ckpt['best_val_loss']:.4f})")
+print(checkpoint.describe(path, ckpt), flush=True)
+torch.manual_seed(seed)   # here: building the model drew from the generator too
 for _ in range(num_samples):
-    y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None)
-    print(decode(y[0].tolist()))
-    print("---------------")
+    # each token is printed as it is sampled (a long sample on a busy CPU takes minutes)
+    new = (int(t) for t in model.generate_tokens(x, max_new_tokens, temperature=temperature,
+                                                  top_k=top_k or None))
+    for piece in decode_stream(decode, itertools.chain(ids, new)):
+        print(piece, end="", flush=True)
+    print("\n---------------", flush=True)

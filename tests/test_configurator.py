@@ -133,9 +133,21 @@ def test_unknown_key_in_file_names_file_and_closest(tmp_path):
     assert "'batch_sise'" in msg and "foo.py" in msg and "did you mean 'batch_size'?" in msg
 
 
+def test_a_bare_boolean_flag_means_true_and_a_bare_other_key_is_one_sentence(tmp_path):
+    off = write(tmp_path / "off.py", "compile = False\n")
+    assert configure({**DEFAULTS, "compile": False}, ["--compile"])["compile"] is True
+    assert configure(DEFAULTS, [off, "--compile"])["compile"] is True   # after the files, as =True
+    assert configure(DEFAULTS, ["--compile", "--compile=False"])["compile"] is False
+    with pytest.raises(ConfigError, match=r"bad argument '--batch_size': use --batch_size=value "
+                                          r"\(only a key whose default is True or False"):
+        configure(DEFAULTS, ["--batch_size"])
+    with pytest.raises(ConfigError, match="unknown config key 'compil'.*did you mean 'compile'"):
+        configure(DEFAULTS, ["--compil"])
+    with pytest.raises(ConfigError, match="use --wandb_run_name=value"):   # a None default too
+        configure(DEFAULTS, ["--wandb_run_name"])
+
+
 def test_bad_arguments():
-    with pytest.raises(ConfigError, match="--compile=value"):
-        configure(DEFAULTS, ["--compile"])
     with pytest.raises(ConfigError, match="no_such_file.py"):
         configure(DEFAULTS, ["no_such_file.py"])
     with pytest.raises(ConfigError):

@@ -5,10 +5,10 @@ A PNG of train.py runs, from their out_dir/metrics.jsonl:
     python -m tools.plot_metrics out/shakespeare_char out/unified_char --out=compare.png
 
 Left: the loss over training, one colour per run: the training loss of every logged step (thin)
-and the validation loss of every evaluation (markers, so that a short or interrupted run with one
-evaluation is visible too). Then, per run: the mean of every effective scale vector over
-training, one line per vector (layer and branch), coloured by depth: the growth the paper (section
-2.2) calls self-amplifying. Last, for MoE runs: the coefficient of variation of the experts' load,
+and the validation loss of every evaluation; a line of few points has markers, so that a short or
+interrupted run (one evaluation, a few logged steps) is visible too. Then, per run: the mean of
+every effective scale vector over training, one line per vector (layer and branch), coloured by
+depth: the growth the paper (section 2.2) calls self-amplifying. Last, for MoE runs: the coefficient of variation of the experts' load,
 per layer. A grid of study/ is drawn by `python -m study.reproduce --summary_only`.
 """
 import argparse
@@ -52,8 +52,8 @@ def plot_runs(run_dirs, out):
     ax = axes[0, 0]
     for i, (name, (evals, steps)) in enumerate(runs.items()):
         colour = f"C{i}"
-        ax.plot([r["iter"] for r in steps], [r["loss"] for r in steps], color=colour, lw=0.5,
-                alpha=0.5, label=f"{name} train (each step)")
+        draw(ax, [r["iter"] for r in steps], [r["loss"] for r in steps], color=colour, lw=0.5,
+             alpha=0.5, label=f"{name} train (each step)")
         draw(ax, [r["iter"] for r in evals], [r["val_loss"] for r in evals], color=colour,
              label=f"{name} val")
     ax.set(xlabel="iteration", ylabel="loss", title="loss")
