@@ -6,8 +6,8 @@ choices it makes.
 
 Notation: Norm(x) = x / sqrt(mean(x^2) + eps) has no parameter; a scale vector g multiplies it:
 g * Norm(x). Every variant is made of three pieces, in this order below:
-  ScaleVector   a learnable vector, plain or reparameterized (OR / ER), of kind "input" (it can fold
-                into an adjacent linear map) or "output" (a Norm sits between: it cannot);
+  ScaleVector   a learnable vector, plain or reparameterized (OR / ER), that declares where it acts:
+                the linear map it folds into, or that a Norm sits between (it cannot fold);
   ScaledLinear  a linear map fed by Norm(x) with the vectors that meet it: g_in on its input side,
                 g_out on its output side (DP, DNP): y = g_out * W(g_in * Norm(x)), computed as
                 (W * g_out g_in^T) Norm(x) once per step instead of per token;
@@ -21,7 +21,7 @@ Attention, SwiGLU, Block and GPT up to forward; then param_groups and fold_scale
 optional: a dense model (n_experts=0) never builds one.
 """
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import NamedTuple, Optional
 
 import torch
@@ -66,6 +66,18 @@ def cross_entropy(logits, targets):
     return F.cross_entropy(logits, targets, ignore_index=-1)
 
 
+def fold(W, g, side):
+    """W (..., out, in) with g (rows, width) folded into its "columns", W diag(g), or its "rows",
+    diag(g) W: a row of g per equal block of W's rows (HG: q, k, v), a column-side entry over
+    in / width adjacent columns (e.g. one per head)."""
+    Wb = W.reshape(len(g), -1, W.size(-1))
+    if side == "rows":
+        return (Wb * g.unsqueeze(2)).view_as(W)
+    if g.size(-1) != W.size(-1):
+        g = g.repeat_interleave(W.size(-1) // g.size(-1), -1)
+    return (Wb * g.unsqueeze(1)).view_as(W)
+
+
 # ---- the variants, one table entry each ----------------------------------------------------------
 
 class Placement(NamedTuple):
@@ -93,8 +105,9 @@ PLACEMENTS = {
 class Reparam(NamedTuple):
     # raw parameter name -> (shape, init). shape: "vector" (d entries per row), "direction" (d
     # entries per row, of which only the direction counts: a fixed buffer when d == 1, where there
-    # is no direction to learn), "scalar" (one per row). init: a number, or a function of
-    # norm_eps. g must be exactly 1 at init (tests/test_variant_tables.py checks it).
+    # is no direction to learn), "scalar" (one per row). init: the raw value where every g is t, a
+    # number or a function of (norm_eps, t); t = 1 at init (tests/test_variant_tables.py checks g
+    # is then exactly 1), a decay policy's target otherwise (ScaleVector.raw_at).
     params: dict
     # (raw parameters {name: (rows, d or 1)}, norm_eps) -> the effective vectors g, (rows, d)
     g: callable
@@ -116,11 +129,12 @@ def er_g(p, eps):
 
 # paper 3.3: how a scale vector is parameterized; ScaleVector reads only this
 REPARAMS = {
-    "none": Reparam(params=dict(g=("vector", 1.0)), g=plain_g),
+    "none": Reparam(params=dict(g=("vector", lambda eps, t: t)), g=plain_g),
     # beta = sqrt(1 + eps) at init: Norm(alpha) = 1 / sqrt(1 + eps) for alpha = 1, so g is exactly 1
     "or": Reparam(params=dict(alpha=("direction", 1.0),
-                              beta=("scalar", lambda eps: math.sqrt(1 + eps))), g=or_g),
-    "er": Reparam(params=dict(alpha=("direction", 0.0), beta=("scalar", 0.0)), g=er_g),
+                              beta=("scalar", lambda eps, t: t * math.sqrt(1 + eps))), g=or_g),
+    "er": Reparam(params=dict(alpha=("direction", 0.0),
+                              beta=("scalar", lambda eps, t: math.log(t))), g=er_g),
 }
 
 # width of DNP's g_out, an open choice (DESIGN.md): "full", the map's output width; "head", one
@@ -131,8 +145,9 @@ DNP_WIDTHS = ("full", "head")
 
 class DecayPolicy(NamedTuple):
     decays: tuple   # the scale-vector classes of GPT.param_classes() it decays
-    # what a decayed vector is pulled toward: 0, AdamW's own decoupled decay; another value t,
-    # p -= lr * weight_decay * (p - t) after each step (optimizer_step)
+    # the value t it pulls every decayed g toward, whatever the reparameterization: 0, AdamW's own
+    # decoupled decay of the raw parameters (their zero is g = 0); another t, each raw parameter
+    # p -= lr * weight_decay * (p - p_t) after each step, p_t its value where g = t (optimizer_step)
     toward: float = 0.0
 
 
@@ -174,6 +189,20 @@ VARIANTS = {
     "unified_novec": dict(UNIFIED, sv_placement="dnp_novec"),
     "unified_noiwd": dict(UNIFIED, sv_weight_decay="none"),
 }
+
+
+class VectorFlag(NamedTuple):
+    values: object            # the values it takes: a tuple, or the table whose keys they are
+    adds_norm: bool = False   # it adds a Norm too, which stays (parameter-free) without vectors
+
+
+# The GPTConfig flags that put or shape scale vectors: GPTConfig refuses all but their default under
+# scale_vectors=False, fold_scale_vectors resets them, tests/test_variant_tables.py builds its
+# models from them. A new location is one entry.
+VECTOR_FLAGS = dict(sv_hetero=VectorFlag((False, True)), sv_placement=VectorFlag(PLACEMENTS),
+                    sv_reparam=VectorFlag(REPARAMS), sv_dnp_width=VectorFlag(DNP_WIDTHS),
+                    qk_norm=VectorFlag((False, True), adds_norm=True),
+                    post_norm=VectorFlag((False, True), adds_norm=True))
 
 
 def check_placement(name, p):
@@ -239,15 +268,14 @@ class GPTConfig:
         one_of("sv_reparam", REPARAMS)
         one_of("sv_dnp_width", DNP_WIDTHS)
         dnp = PLACEMENTS[self.sv_placement].norm
-        check(self.sv_dnp_width == "full" or dnp,
-              f"sv_dnp_width={self.sv_dnp_width!r} sets the width of DNP's g_out: it needs "
-              f"sv_placement='dnp', not {self.sv_placement!r}")
-        if not self.scale_vectors:
-            for flag, off in (("sv_hetero", False), ("sv_placement", "pre"), ("sv_reparam", "none"),
-                              ("sv_dnp_width", "full")):
-                check(getattr(self, flag) == off,
-                      f"{flag}={getattr(self, flag)!r} needs scale_vectors=True "
-                      "(there is no vector to vary)")
+        check(self.sv_dnp_width == "full" or PLACEMENTS[self.sv_placement].g_out == "output",
+              f"sv_dnp_width={self.sv_dnp_width!r} sets the width of DNP's g_out, which "
+              f"sv_placement={self.sv_placement!r} does not have: it needs sv_placement='dnp'")
+        defaults = {f.name: f.default for f in fields(self)}
+        for flag, spec in VECTOR_FLAGS.items():
+            check(self.scale_vectors or spec.adds_norm or getattr(self, flag) == defaults[flag],
+                  f"{flag}={getattr(self, flag)!r} needs scale_vectors=True "
+                  "(there is no vector to vary)")
         check(not (self.qk_norm and dnp),
               f"qk_norm=True with sv_placement={self.sv_placement!r} is redundant: DNP already "
               "puts a norm and a vector on q and k")
@@ -291,25 +319,40 @@ class GPTConfig:
 
 # ---- the three pieces ----------------------------------------------------------------------------
 
+# Where a vector acts (ScaleVector's folds_into; GPT.vector_sites reads it for folding, decay and
+# export): the weights g multiplies when folded (paper 2.2: W (g * z) = (W diag(g)) z), as ((path of
+# the weight from the vector's holder, side), ...), side "columns", W diag(g) (g on the map's input:
+# g_in, g_final), or "rows", diag(g) W (on its output: DP's g_out); or AFTER_NORM: a Norm stands
+# between g and any linear map, so it cannot fold (DNP's g_out, qk_norm, post_norm).
+AFTER_NORM = "after a Norm"
+
+
 class ScaleVector(nn.Module):
     """`rows` learnable vectors g of length d, parameterized as REPARAMS[cfg.sv_reparam] says; g = 1
-    at init (paper: "scale vectors initialised to 1"). kind "input": g folds into an adjacent linear
-    map (decayed under IWD, paper 2.2); "output": a Norm sits between, it cannot fold."""
+    at init (paper: "scale vectors initialised to 1"); folds_into: where g acts (above)."""
 
-    def __init__(self, rows, d, kind, cfg, names=None):
+    def __init__(self, rows, d, cfg, folds_into, names=None):
         super().__init__()
-        if kind not in ("input", "output"):
-            raise ValueError(f"ScaleVector: kind must be 'input' or 'output', not {kind!r}")
-        self.kind, self.reparam, self.eps, self.names = kind, cfg.sv_reparam, cfg.norm_eps, names
-        self.rows, self.width = rows, d
-        for name, (shape, init) in REPARAMS[self.reparam].params.items():
-            value = init(cfg.norm_eps) if callable(init) else init
-            raw = torch.full((rows, 1 if shape == "scalar" else d), float(value))
+        self.folds_into, self.names, self.rows, self.width = folds_into, names, rows, d
+        self.reparam, self.eps = cfg.sv_reparam, cfg.norm_eps
+        for name, value in self.raw_at(1.0).items():
+            shape = REPARAMS[self.reparam].params[name][0]
+            raw = torch.full((rows, 1 if shape == "scalar" else d), value)
             # one entry has no direction: a trained one would be inert
             if shape == "direction" and d == 1:
                 self.register_buffer(name, raw)
             else:
                 self.register_parameter(name, nn.Parameter(raw))
+
+    def raw_at(self, t):
+        """{raw parameter: its value where every g is t}, REPARAMS' init at t: a decay policy's
+        target is one for g. ValueError where there is none (ER's g = exp(.) is never 0)."""
+        try:
+            return {n: float(i(self.eps, t) if callable(i) else i)
+                    for n, (_, i) in REPARAMS[self.reparam].params.items()}
+        except (ValueError, OverflowError):   # math.log(0)
+            raise ValueError(f"sv_reparam={self.reparam!r} has no raw parameters where g = {t:g}, "
+                             "a decay policy's target (DECAY_POLICIES): choose another") from None
 
     def forward(self):
         """The effective vectors g, shape (rows, d)."""
@@ -341,7 +384,8 @@ class ScaledLinear(nn.Module):
             names = tuple(f"{e}.{n}" for e in range(n_expert) for n in names)
         sv = cfg.scale_vectors
         rows_in = self.n_blocks if cfg.sv_hetero else 1
-        self.g_in = ScaleVector(rows_in, d_in, "input", cfg, names) if sv and own_g_in else None
+        self.g_in = (ScaleVector(rows_in, d_in, cfg, (("weight", "columns"),), names)
+                     if sv and own_g_in else None)
         self.placement = PLACEMENTS[cfg.sv_placement if sv and dual else "pre"]
         check_placement(cfg.sv_placement, self.placement)
         self.group = head or d_out // n_split
@@ -349,23 +393,17 @@ class ScaledLinear(nn.Module):
         # its heads (one entry per branch without heads)
         full = cfg.sv_dnp_width == "full" or not self.placement.norm
         self.g_out_width = width = d_out // n_split if full else head or 1
-        kind = self.placement.g_out
-        self.g_out = ScaleVector(self.n_blocks, width, kind, cfg, names) if kind else None
+        kind = self.placement.g_out   # DP's folds into W's rows; DNP's has a Norm before it
+        acts = (("weight", "rows"),) if kind == "input" else AFTER_NORM
+        self.g_out = ScaleVector(self.n_blocks, width, cfg, acts, names) if kind else None
 
     def effective_weight(self, g_in=None):
-        """W * (g_out g_in^T), g_out only where it folds (DP). `g_in` is passed in when the
-        Input-Norm vector is shared by several maps (MoE's g_ffn)."""
-        W = self.weight
-        g_in = self.g_in() if self.g_in is not None else g_in
-        g_out = self.g_out() if self.placement.g_out == "input" else None
-        if g_out is None and (g_in is None or len(g_in) == 1):
-            return W if g_in is None else W * g_in      # one shared vector: W diag(g), paper 2.2
-        Wb = W.reshape(self.n_blocks, -1, W.size(-1))   # (blocks, rows, d_in): one per branch
-        if g_in is not None:
-            Wb = Wb * g_in.unsqueeze(1)                 # paper 3.1, HG: W_i diag(g_i), branch i
-        if g_out is not None:
-            Wb = Wb * g_out.unsqueeze(2)                # paper 3.2, DP: diag(g_out) W diag(g_in)
-        return Wb.view_as(W)
+        """W * (g_out g_in^T): g_in in W's columns (paper 2.2; HG, 3.1: a row per branch), g_out in
+        its rows where it folds (DP, 3.2). `g_in` is passed in when the Input-Norm vector is shared
+        by several maps (MoE's g_ffn)."""
+        W, g_in = self.weight, self.g_in() if self.g_in is not None else g_in
+        W = W if g_in is None else fold(W, g_in, "columns")
+        return fold(W, self.g_out(), "rows") if self.placement.g_out == "input" else W
 
     def forward(self, xn, g_in=None):
         return self.output_side(F.linear(xn, self.effective_weight(g_in)))
@@ -373,8 +411,7 @@ class ScaledLinear(nn.Module):
     def output_side(self, y, expert=None):
         """What the placement does after the map: g_out * Norm(y) per group of outputs under DNP
         (paper 3.2); nothing otherwise (DP's g_out is already in the weight). y: the map's fresh
-        output. MoE: y comes from `expert` (an index,
-        or one per row of y), whose rows of g_out apply."""
+        output. MoE: y comes from `expert` (an index, or one per row of y), whose g_out applies."""
         if not self.placement.norm:
             return y
         groups, g = (self.n_split, -1, self.group), None   # the Norm is per group of outputs
@@ -395,7 +432,7 @@ class OutputNorm(nn.Module):
     def __init__(self, d, cfg):
         super().__init__()
         self.eps = cfg.norm_eps
-        self.g = ScaleVector(1, d, "output", cfg) if cfg.scale_vectors else None
+        self.g = ScaleVector(1, d, cfg, AFTER_NORM) if cfg.scale_vectors else None
 
     def forward(self, x):
         g = self.g().view(-1) if self.g is not None else None
@@ -478,7 +515,9 @@ class MoE(nn.Module):
         d, E, h, hg = cfg.n_embd, cfg.n_experts, cfg.expert_hidden, cfg.sv_hetero
         self.E, self.k, self.router_fn = E, cfg.n_experts_active, cfg.moe_router
         self.balance, self.bias_rate = cfg.moe_balance, cfg.moe_bias_rate
-        self.g_in = ScaleVector(1, d, "input", cfg) if cfg.scale_vectors and not hg else None
+        maps = ("router", "experts", "shared.gate_up")[:3 if cfg.n_shared_experts else 2]
+        self.g_in = (ScaleVector(1, d, cfg, tuple((f"{m}.weight", "columns") for m in maps))
+                     if cfg.scale_vectors and not hg else None)
         self.router = ScaledLinear(d, E, cfg, dual=False, own_g_in=hg)
         self.experts = ScaledLinear(d, 2 * h, cfg, branches=("gate", "up"), n_expert=E, own_g_in=hg)
         # (E, d, h); writes into the residual stream (GPT._init_weights)
@@ -610,12 +649,11 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(cfg.padded_vocab, cfg.n_embd)
         self.blocks = nn.ModuleList(Block(cfg, cfg.n_experts > 0 and i >= cfg.moe_dense_layers)
                                     for i in range(cfg.n_layer))
-        # logits = W_head(g_final * Norm(x)). g_final is an Input-Norm vector like g_attn, so the
-        # head is a ScaledLinear: fold_scale_vectors and the decay audit treat it as every other
-        # map. The head has far more rows (the vocabulary) than a micro-batch has tokens, so
-        # g_final scales the activations instead of W
+        # logits = W_head(g_final * Norm(x)): g_final folds into the head's columns, but the head
+        # has more rows (the vocabulary) than a micro-batch has tokens, so it scales the activations
         self.head = ScaledLinear(cfg.n_embd, cfg.padded_vocab, cfg, dual=False, own_g_in=False)
-        self.g_final = ScaleVector(1, cfg.n_embd, "input", cfg) if cfg.scale_vectors else None
+        self.g_final = (ScaleVector(1, cfg.n_embd, cfg, (("head.weight", "columns"),))
+                        if cfg.scale_vectors else None)
         if cfg.tie_embeddings:
             self.head.weight = self.wte.weight
         self._init_weights()
@@ -664,19 +702,43 @@ class GPT(nn.Module):
 
     # ---- scale vectors: classification, decay, telemetry, folding ------------------------
 
+    def vector_sites(self):
+        """{vector: ((weight, side), ...)} of every ScaleVector: the state_dict names of the weights
+        it folds into, as it declares (folds_into); () after a Norm. ValueError, naming the vector,
+        for a declaration that does not fit this model."""
+        state, sites = self.state_dict(), {}
+        for name, sv in self.named_modules():
+            if isinstance(sv, ScaleVector):
+                holder, acts = name.rpartition(".")[0], sv.folds_into
+                sites[name] = () if acts == AFTER_NORM else tuple(
+                    (".".join(filter(None, (holder, w))), side) for w, side in acts or ())
+                g = torch.ones(sv.rows, sv.width, device="meta")
+                try:   # fold's own shape rules, on the meta device (no memory, no arithmetic)
+                    ok = acts and all(side in ("columns", "rows") and fold(
+                        state[k].to("meta"), g, side) is not None for k, side in sites[name])
+                except (KeyError, RuntimeError):
+                    ok = False
+                if not ok:
+                    raise ValueError(
+                        f"{name} declares folds_into={acts!r}, which this model cannot fold: name "
+                        f"the weights it multiplies (paths from {holder or 'the GPT'}) and their "
+                        "side, 'columns' or 'rows', or AFTER_NORM (model.ScaleVector)")
+        return sites
+
     def param_classes(self):
         """name -> class for every parameter, each in exactly one class: 'matrix', 'embedding'
-        (input, untied output), 'sv_input' (foldable: a block's Input-Norm vector or DP's g_out),
-        'sv_final' (g_final, the Input-Norm vector before the head) or 'sv_output' (cannot
-        fold)."""
-        classes, seen = {}, set()
+        (input, untied output), 'sv_input' (a vector of a block that folds, as it declares: an
+        Input-Norm vector or DP's g_out), 'sv_final' (g_final, the Input-Norm vector before the
+        head) or 'sv_output' (after a Norm, it cannot fold)."""
+        sites, classes, seen = self.vector_sites(), {}, set()
         for mname, m in self.named_modules():
             for pname, p in m.named_parameters(recurse=False):
                 if id(p) in seen:   # a tied head shares the embedding's tensor
                     continue
                 seen.add(id(p))
                 if isinstance(m, ScaleVector):
-                    cls = "sv_final" if m is self.g_final else "sv_" + m.kind
+                    cls = ("sv_final" if m is self.g_final
+                           else "sv_input" if sites[mname] else "sv_output")
                 elif m is self.wte or m is self.head:   # the input and output embeddings
                     cls = "embedding"
                 elif p.dim() >= 2:
@@ -690,14 +752,16 @@ class GPT(nn.Module):
     def param_groups(self, weight_decay, sv_weight_decay="none", muon=False, sv_decay=None):
         """Optimizer groups, one per class of param_classes() (and optimizer). Matrices and
         embeddings are decayed by weight_decay; scale vectors as DECAY_POLICIES[sv_weight_decay]
-        says (paper 2.2), by sv_decay (None: weight_decay);
-        a group whose vectors are pulled toward a value other than 0 leaves AdamW's weight_decay at
-        0 and carries its own (decay, toward) for optimizer_step. muon=True: the 2-D hidden matrices
-        go to Muon (torch.optim.Muon takes 2-D tensors only, so the stacked (E, out, in) weights of
-        MoE experts stay on AdamW), everything else to AdamW."""
+        says (paper 2.2), by sv_decay (None: weight_decay); a group whose vectors are pulled
+        toward a g other than 0 leaves AdamW's weight_decay at 0 and carries its own (decay,
+        toward, each raw parameter's target) for optimizer_step. muon=True: the 2-D hidden
+        matrices go to Muon (torch.optim.Muon takes 2-D tensors only, so the stacked (E, out, in)
+        weights of MoE experts stay on AdamW), everything else to AdamW."""
         policy = DECAY_POLICIES[sv_weight_decay]
         decayed = {"matrix", "embedding", *policy.decays}
         classes, params = self.param_classes(), dict(self.named_parameters())
+        target = {id(getattr(m, n)): v for m in self.modules() if isinstance(m, ScaleVector)
+                  and policy.decays for n, v in m.raw_at(policy.toward).items()}   # g = toward
         groups = []
         for cls in ("matrix", "embedding", "sv_input", "sv_final", "sv_output"):
             members = [params[n] for n, c in classes.items() if c == cls]
@@ -712,7 +776,7 @@ class GPT(nn.Module):
                 groups.append({"params": ps, "name": cls, "optimizer": opt,
                                "weight_decay": wd if toward == 0 else 0.0})
                 if toward != 0:   # not AdamW's decay: optimizer_step applies it
-                    groups[-1].update(decay=wd, toward=toward)
+                    groups[-1].update(decay=wd, toward=toward, targets=[target[id(p)] for p in ps])
         # every parameter in exactly one group
         grouped = [id(p) for g in groups for p in g["params"]]
         if len(grouped) != len(set(grouped)) or set(grouped) != {id(p) for p in self.parameters()}:
@@ -804,44 +868,32 @@ class GPT(nn.Module):
     @torch.no_grad()
     def fold_scale_vectors(self):
         """A new, equivalent GPT with scale_vectors=False, in this model's dtype and on its device
-        (paper 2.2: W(g * z) = (W diag(g)) z, so an Input-Norm vector adds no expressivity).
-        Output-Norm vectors cannot fold."""
-        c = self.config
-        blockers = [why for on, why in ((c.qk_norm, "qk_norm"), (c.post_norm, "post_norm"),
-                                        (PLACEMENTS[c.sv_placement].norm,
-                                         f"sv_placement={c.sv_placement!r}")) if on]
-        if c.scale_vectors and blockers:
-            raise ValueError(
-                f"cannot fold scale vectors with {', '.join(blockers)}: a Norm, not a linear map, "
-                "follows those vectors (Output-Norms add expressivity)")
-        mods = dict(self.named_modules())
-        shared_g_in = {f"{n}.{s}": m.g_in() for n, m in mods.items()   # an MoE's g_ffn meets these
-                       if isinstance(m, MoE) and m.g_in is not None
-                       for s in ("router", "experts", "shared.gate_up")}
-        if self.g_final is not None:
-            shared_g_in["head"] = self.g_final()
-        state = {}
-        for key, value in self.state_dict().items():
-            mname, _, pname = key.rpartition(".")
-            m = mods[mname]
-            if isinstance(m, ScaleVector):
-                continue                        # folded into the weights of the maps it meets
-            if isinstance(m, ScaledLinear) and pname == "weight":
-                state[key] = m.effective_weight(shared_g_in.get(mname)).clone()
-            elif isinstance(m, (nn.Linear, nn.Embedding)) or \
-                    (isinstance(m, MoE) and pname in ("down", "expert_bias")):
-                state[key] = value.clone()      # no scale vector meets these maps
-            else:
-                raise ValueError(
-                    f"fold_scale_vectors does not know how to fold {key}: say in "
-                    "GPT.fold_scale_vectors which scale vectors meet it (or that none does)")
+        (paper 2.2: W(g * z) = (W diag(g)) z, so an Input-Norm vector adds no expressivity): each
+        vector folds where it declares (vector_sites). Refused for a vector after a Norm
+        (Output-Norms add expressivity) and for DNP's Norm after the maps."""
+        c, sites, mods = self.config, self.vector_sites(), dict(self.named_modules())
+        after = [n for n, s in sites.items() if not s]
+        if after or c.scale_vectors and PLACEMENTS[c.sv_placement].norm:
+            raise ValueError("cannot fold scale vectors: " + (
+                f"{after[0]} has a Norm, not a linear map, after it" if after else
+                f"sv_placement={c.sv_placement!r} puts a Norm after the maps, which a GPT without "
+                "scale vectors has not"))
+        state = {k: v.clone() for k, v in self.state_dict().items()
+                 if not isinstance(mods[k.rpartition(".")[0]], ScaleVector)}
+        for name, weights in sites.items():
+            for key, side in weights:
+                state[key] = fold(state[key], mods[name](), side)
         # g_final folds into the head, so a tied head must be untied
-        plain_cfg = replace(c, scale_vectors=False, sv_hetero=False, sv_placement="pre",
-                            sv_reparam="none", sv_dnp_width="full",
+        off = {f.name: f.default for f in fields(c)
+               if f.name in VECTOR_FLAGS and not VECTOR_FLAGS[f.name].adds_norm}
+        plain_cfg = replace(c, scale_vectors=False, **off,
                             tie_embeddings=c.tie_embeddings and not c.scale_vectors)
         # no memory and no random draws: every weight comes from `state`
         with torch.device("meta"):
             plain = GPT(plain_cfg)
+        for key in sorted(set(state) - set(plain.state_dict()))[:1]:
+            raise ValueError(f"fold_scale_vectors does not know how to fold {key}: make it a "
+                             "ScaleVector that says where it acts (folds_into)")
         plain.to_empty(device=self.wte.weight.device).to(self.wte.weight.dtype)
         if plain_cfg.tie_embeddings:   # to_empty gives the tied head a tensor of its own
             plain.head.weight = plain.wte.weight
@@ -912,26 +964,27 @@ class GPT(nn.Module):
 @torch.no_grad()
 def optimizer_step(optimizers):
     """One training step: every optimizer's step, then the decay of a policy whose target is not 0
-    (DECAY_POLICIES; the groups that carry `toward`), p -= lr * decay * (p - toward), then
+    (DECAY_POLICIES; the groups that carry `toward`), p -= lr * decay * (p - p_t), then
     zero_grad. train.py calls this and nothing else between backward and the next forward, so no
     hook can be forgotten or run after the gradients are gone."""
     for opt in optimizers:
         opt.step()
         for group in opt.param_groups:
-            if group.get("toward", 0) != 0:
-                for p in group["params"]:
-                    p.sub_(group["lr"] * group["decay"] * (p - group["toward"]))
+            if group.get("toward", 0) != 0:   # each raw parameter toward its value where g = toward
+                for p, target in zip(group["params"], group["targets"]):
+                    p.sub_(group["lr"] * group["decay"] * (p - target))
         opt.zero_grad(set_to_none=True)
 
 
 def optimizer_table(optimizers):
     """What each class of parameters gets, one line each: a gain silently decayed toward 0 is the
-    classic confound of a scale-vector study."""
+    classic confound of a scale-vector study. A class pulled toward a g other than 0 says so."""
     lines = [f"{'class':<10} {'optim':<6} {'tensors':>7} {'params':>12} {'lr':>8} {'decay':>6}"]
     for g in (g for opt in optimizers for g in opt.param_groups):
+        decay = f"{g['decay']} to g={g['toward']:g}" if g.get("toward", 0) else g["weight_decay"]
         lines.append(f"{g['name']:<10} {g['optimizer']:<6} {len(g['params']):>7} "
                      f"{sum(p.numel() for p in g['params']):>12,} "
-                     f"{g['base_lr']:>8.1e} {g['weight_decay']:>6}")
+                     f"{g['base_lr']:>8.1e} {decay:>6}")
     return "\n".join(lines)
 
 

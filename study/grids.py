@@ -278,11 +278,16 @@ def is_node_grid(grids, name):
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")   # a variant's name is its folder under runs/
 
 
+SIGNS = {"": 0, "0": 0, "-1": -1, "+1": 1, "1": 1}   # of (variant - baseline) val loss
+
+
 def parse_added(spec, grid):
-    """--add=NAME:CONFIG[:OVERRIDES[:BASELINE]]: a variant from the command line. OVERRIDES are
-    train.py's --key=value, separated by commas or spaces; BASELINE defaults to the grid's
-    `baseline` ("none": unpaired)."""
-    name, config, overrides, baseline = (spec.split(":", 3) + ["", "", ""])[:4]
+    """--add=NAME:CONFIG[:OVERRIDES[:BASELINE[:SIGN[:CLAIM]]]]: a variant from the command line.
+    OVERRIDES are train.py's --key=value, separated by commas or spaces; BASELINE defaults to the
+    grid's `baseline` ("none": unpaired); SIGN, the expected sign of (variant - baseline) val loss
+    (-1 lower, +1 higher, 0 no claim), and CLAIM (the rest, colons included) what it tests. A NAME
+    of model.VARIANTS must run that variant's flags (reproduce.check_named)."""
+    name, config, overrides, baseline, sign, claim = (spec.split(":", 5) + [""] * 5)[:6]
     names = {v.name for v in grid}
     if not NAME.fullmatch(name) or name in names:   # one folder under runs/: no "..", no "/"
         raise SystemExit(f"error: --add={spec}: NAME must be new to the grid, made of letters, "
@@ -299,4 +304,20 @@ def parse_added(spec, grid):
     if any(not o.startswith("--") or "=" not in o for o in overrides):
         raise SystemExit(f"error: --add={spec}: overrides must be train.py's --key=value, "
                          "separated by commas")
-    return Variant(name, config, overrides, baseline, "(added on the command line)", 0)
+    if sign not in SIGNS or SIGNS[sign] and not baseline:
+        raise SystemExit(f"error: --add={spec}: " + (
+            f"SIGN must be -1 (lower than the baseline), +1 (higher) or 0 (no claim), not {sign!r}"
+            if sign not in SIGNS else "a SIGN needs a BASELINE to compare with, not none"))
+    return Variant(name, config, overrides, baseline, claim or "(added on the command line)",
+                   SIGNS[sign])
+
+
+# ---- a row's name says what it runs: the named variants of model.VARIANTS ----------------------
+
+def variant_of(name):
+    """The named variant a config file or grid row is named after: its longest '_'-prefix in
+    model.VARIANTS, after a leading 'moe_' (the MoE twin); None if none."""
+    from model import VARIANTS   # here: a summary need not import torch
+    parts = name.removeprefix("moe_").split("_")
+    return next(("_".join(parts[:i]) for i in range(len(parts), 0, -1)
+                 if "_".join(parts[:i]) in VARIANTS), None)

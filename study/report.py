@@ -4,6 +4,7 @@ the paired table of every grid (summary.md), and the claims as the paper measure
 against tuned (the lr grid), compute efficiency and scaling (the scaling grid), the parameter cost
 of each variant. Pure functions of the results, so they are tested on made-up numbers.
 """
+import functools
 import os
 import re
 
@@ -82,9 +83,10 @@ def verdict(ci):
 
 
 def summarize(grid, results):
+    """A row per variant of the grid that has results (a row that never ran is not listed)."""
     rows = []
-    for v in grid:
-        res = results.get(v.name, {})
+    for v in (v for v in grid if results.get(v.name)):
+        res = results[v.name]
         mean, std = mean_std([loss_of(r) for r in res.values()])
         row = {"variant": v.name, "baseline": v.baseline, "n": len(res), "val_loss_mean": mean,
                "val_loss_std": std, "claim": v.claim, "expected_sign": v.sign,
@@ -488,23 +490,32 @@ def default_report(results):
     return lines, {"splits": rows}
 
 
-def vector_kind(name):
-    """"output" for a vector with a Norm before it and no linear map after (qk_norm, post_norm,
-    DNP's g_out), "final" for g_final, "input" for one of a block that folds into a linear map
-    (sv_means' names)."""
-    if name == "g_final":
-        return "final"
-    return "output" if re.search(r"(q_norm|k_norm|attn_post|mlp_post|\.g_out)", name) else "input"
+@functools.lru_cache(maxsize=None)
+def vector_kinds(config, args=()):
+    """{vector: "input" | "final" | "output"} of the model a run trained (its config file and
+    train.py arguments), as each ScaleVector declares where it acts (GPT.vector_sites): "input"
+    where it folds into a block's linear map, "final" for g_final (it folds into the head),
+    "output" where a Norm stands between."""
+    from dataclasses import fields
+    from config.defaults import DEFAULTS
+    from configurator import configure
+    from model import GPTConfig
+    cfg = configure(DEFAULTS, [os.path.join(ROOT, config), *args])
+    model = meta_gpt(**{f.name: cfg[f.name] for f in fields(GPTConfig) if f.name != "vocab_size"})
+    return {name: "final" if name == "g_final" else "input" if sites else "output"
+            for name, sites in model.vector_sites().items()}
 
 
 def final_g(res):
     """{"input": .., "final": .., "output": ..}: the final mean of g over the run's vectors of
     each kind, averaged over its seeds (None where it has none): how far weight decay pulled
-    them."""
+    them. An sv_means name is a vector's, or a row of it ("<vector>.<row>")."""
     by = {"input": [], "final": [], "output": []}
     for r in res.values():
+        kinds = vector_kinds(r["config"], tuple(r["args"]))
         for name, curve in r.get("sv_means", {}).items():
-            by[vector_kind(name)].append(curve[-1])
+            vector = max((v for v in kinds if name == v or name.startswith(v + ".")), key=len)
+            by[kinds[vector]].append(curve[-1])
     return {k: float(np.mean(v)) if v else None for k, v in by.items()}
 
 

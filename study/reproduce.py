@@ -564,10 +564,10 @@ def parse_args(argv, grids):
     p.add_argument("--variants", default="",
                    help="comma-separated subset of the grid (their baselines are added)")
     p.add_argument("--add", action="append", default=[],
-                   metavar="NAME:CONFIG[:OVERRIDES[:BASELINE]]",
+                   metavar="NAME:CONFIG[:OVERRIDES[:BASELINE[:SIGN[:CLAIM]]]]",
                    help="a new variant, e.g. 'wide:config/unified_char.py:--n_embd=192,"
                         "--n_head=6' (paired with the grid's baseline unless BASELINE is given, "
-                        "or none); repeatable")
+                        "or none; SIGN -1/+1: the claim is a lower/higher loss); repeatable")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--extra", default="",
                    help='more train.py overrides for every run, e.g. "--dataset=tiny --n_layer=2"')
@@ -631,7 +631,7 @@ def choose_variants(a, p, grids):
     """(the whole grid with --add's variants, the subset to run: --variants, their baselines)."""
     full = grids[a.grid]() if callable(grids[a.grid]) else list(grids[a.grid])
     for spec in a.add:
-        full.append(parse_added(spec, full))
+        full.append(check_named(spec, parse_added(spec, full)))
     if not a.variants:
         return full, full
     want, names = set(a.variants.split(",")), [v.name for v in full]
@@ -640,6 +640,36 @@ def choose_variants(a, p, grids):
     want |= {v.baseline for v in full if v.name in want and v.baseline}
     want |= {s.split(":")[0] for s in a.add}
     return full, [v for v in full if v.name in want]
+
+
+def variant_flags(config, overrides=()):
+    """{flag: value} of the variant flags (scale_vectors, model.VECTOR_FLAGS, sv_weight_decay) a
+    config file and train.py's --key=value overrides give, as train.py resolves them."""
+    from model import VECTOR_FLAGS
+    cfg = train_config(config, tuple(overrides))
+    return {k: cfg[k] for k in ("scale_vectors", *VECTOR_FLAGS, "sv_weight_decay")}
+
+
+def named_flags(name):
+    """The variant flags of model.VARIANTS[name]: its entry over every flag's default."""
+    from config.defaults import DEFAULTS
+    from model import VARIANTS, VECTOR_FLAGS
+    return {k: VARIANTS[name].get(k, DEFAULTS[k])
+            for k in ("scale_vectors", *VECTOR_FLAGS, "sv_weight_decay")}
+
+
+def check_named(spec, v):
+    """An --add row named as a variant of model.VARIANTS (or its MoE twin, moe_NAME) must run that
+    variant's flags, since results are read by their row's name; returns the row."""
+    from model import VARIANTS
+    name = v.name.removeprefix("moe_")
+    got, want = (variant_flags(v.config, v.overrides), named_flags(name)) if name in VARIANTS \
+        else ({}, {})
+    for k in (k for k in want if got[k] != want[k]):
+        raise SystemExit(f"error: --add={spec}: {v.name!r} names model.VARIANTS[{name!r}], which "
+                         f"has {k}={want[k]!r}, but {' '.join([v.config, *v.overrides])} runs "
+                         f"{k}={got[k]!r}: give the row another name or that variant's flags")
+    return v
 
 
 def torchrun_args(a):
@@ -843,12 +873,31 @@ def run_all(a, g, todo, runner, progress):
                 progress(futs[fut], err=e)
 
 
+def shown(path):
+    """A folder as summary.md (committed) names it: relative to the repository; None for one
+    outside it, whose absolute path would name this machine."""
+    rel = os.path.relpath(os.path.abspath(path), ROOT)
+    return None if rel == ".." or rel.startswith(".." + os.sep) else rel
+
+
+def summary_command(argv):
+    """The command line as summary.md shows it: a --results_dir relative to the repository (DIR
+    for one outside it)."""
+    words, key = ["python", "-m", "study.reproduce"], "--results_dir"
+    for arg in argv:
+        if words[-1] == key or arg.startswith(key + "="):   # --results_dir DIR, --results_dir=DIR
+            before, eq, path = arg.partition("=") if words[-1] != key else ("", "", arg)
+            arg = before + eq + (shown(path) or "DIR")
+        words.append(arg)
+    return shlex.join(words)
+
+
 def write_reports(a, g, full, progress, t_start):
     """summary.md, summary.json and the figures, from every result of the grid in the folder (the
     whole grid, not only this invocation's runs)."""
     results = collect(g.out, full, g.args_for)
     rows = summarize(full, results)
-    command = shlex.join(["python", "-m", "study.reproduce", *a.argv])
+    command = summary_command(a.argv)
     n_done = sum(len(r) for r in results.values())
     launch = "python train.py" if g.torchrun is None else shlex.join(["torchrun", *g.torchrun,
                                                                       "train.py"])
@@ -860,7 +909,8 @@ def write_reports(a, g, full, progress, t_start):
                     f"--max_iters: {own[0]} to {own[-1]} in this grid>")
     wall = sum(r["wall_s"] for res in results.values() for r in res.values())
     header = [f"# Reproduction: grid `{a.grid}`", "", f"Last command: `{command}`", "",
-              f"Runs: {n_done} complete in {g.out} with these settings (all seeds found), "
+              f"Runs: {n_done} complete in {shown(g.out) or 'the folder'} with these settings "
+              "(all seeds found), "
               f"{len(progress.failed)} failed in the last invocation. Wall time of the last "
               f"invocation: {(time.time() - t_start) / 60:.1f} min; summed over all runs: "
               f"{wall / 60:.1f} min.",

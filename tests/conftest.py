@@ -1,4 +1,5 @@
 import os
+import re
 
 import pytest
 
@@ -20,3 +21,19 @@ def workdir(tmp_path_factory):
 def pytest_configure(config):
     # subprocess tests (torchrun, several processes): `-m "not slow"` leaves them out
     config.addinivalue_line("markers", "slow: a test of several processes, 10-40 s on 2 cores")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """`-q` only counts skips: say which optional packages the skipped tests needed (transformers:
+    the export is then checked by helpers.llama_forward alone)."""
+    missing = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        package = re.search(r"could not import '([\w.]+)'", reason)
+        if package:
+            missing[package.group(1)] = missing.get(package.group(1), 0) + 1
+    for package, n in sorted(missing.items()):
+        terminalreporter.write_line(
+            f"skipped {n} test(s) that need {package}: pip install -r requirements-test.txt" +
+            (" (every export is still checked by an independent Llama forward, helpers."
+             "llama_forward)" if package == "transformers" else ""))

@@ -1,9 +1,10 @@
 """What several test modules share: the one ROOT, the one tiny config, the named variants read from
-model.VARIANTS, the one weight-decay rule, and running train.py in a subprocess. Test modules import
+model.VARIANTS, the one weight-decay rule, an independent Llama forward, and running train.py in a
+subprocess. Test modules import
 from here, never from each other."""
 import json
+import math
 import os
-import re
 import subprocess
 import sys
 
@@ -15,7 +16,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 import model as model_py  # noqa: E402
-from model import GPT, GPTConfig, ScaleVector  # noqa: E402
+from model import GPT, ScaleVector  # noqa: E402
 
 # ---- models -------------------------------------------------------------------------------------
 TINY = dict(block_size=16, vocab_size=50, vocab_pad=8, n_layer=2, n_head=2, n_embd=32)
@@ -38,9 +39,10 @@ VARIANTS["moe_unified"] = dict(MOE, **VARIANTS["unified"])
 
 
 def make(seed=0, **kw):
-    """A tiny GPT (TINY, overridden by kw) initialized from `seed`."""
+    """A tiny GPT (TINY, overridden by kw) initialized from `seed`; model.GPTConfig is read at each
+    call, so a test may register a config with a new flag (test_variant_tables)."""
     torch.manual_seed(seed)
-    return GPT(GPTConfig(**{**TINY, **kw}))
+    return GPT(model_py.GPTConfig(**{**TINY, **kw}))
 
 
 def tokens(B=3, T=16, seed=1):
@@ -59,28 +61,61 @@ def randomize_scale_vectors(model, seed=2):
                     p.add_(0.5 * torch.randn(p.shape, generator=g))
 
 
-def vector_kind(name, placement):
-    """DESIGN.md's classes, read off a parameter's name and the placement's table entry (not off
-    ScaleVector.kind): "matrix" (matrices and embeddings), "input" (a block's vector that folds
-    into a linear map: every g_in, MoE's g_ffn, an 'input' g_out), "final" (g_final, before the
-    head) or "output" (after a Norm: qk_norm, post_norm, an 'output' g_out)."""
-    if not re.search(r"(^|\.)(g_in|g_final|g_out|q_norm|k_norm|attn_post|mlp_post)\.", name):
+def declared_class(model, name):
+    """A parameter's class as its module declares it: 'matrix' (matrices and embeddings), or, for a
+    scale vector, 'sv_input' where its ScaleVector says it folds into a linear map (folds_into),
+    'sv_final' for g_final (it folds into the head), 'sv_output' where it says a Norm stands
+    between (model.AFTER_NORM). That a declaration is true is checked by folding
+    (test_variant_tables.check_folding), not here."""
+    holder = model.get_submodule(name.rpartition(".")[0])
+    if not isinstance(holder, ScaleVector):
         return "matrix"
-    if ".g_out." in name:
-        return model_py.PLACEMENTS[placement].g_out
-    if name.startswith("g_final."):
-        return "final"
-    if re.search(r"(^|\.)g_in\.", name):
-        return "input"
-    assert re.search(r"(q_norm|k_norm|attn_post|mlp_post)\.g\.", name), name
-    return "output"
+    if holder is model.g_final:
+        return "sv_final"
+    return "sv_output" if holder.folds_into == model_py.AFTER_NORM else "sv_input"
 
 
-def expected_decay(name, placement, policy):
+def expected_decay(model, name, policy):
     """Is the parameter decayed? Matrices and embeddings always; a vector as the policy's entry
-    says of its class (DESIGN.md, "Weight decay on scale vectors")."""
-    kind = vector_kind(name, placement)
-    return kind == "matrix" or f"sv_{kind}" in model_py.DECAY_POLICIES[policy].decays
+    says of its declared class (DESIGN.md, "Weight decay on scale vectors")."""
+    cls = declared_class(model, name)
+    return cls == "matrix" or cls in model_py.DECAY_POLICIES[policy].decays
+
+
+# ---- an independent Llama forward over an export -----------------------------------------------
+
+def llama_forward(config, state, idx):
+    """The logits of the Llama (or Qwen3) that tools/export_hf.py wrote (its config.json and state
+    dict), computed here in float64 as Hugging Face's LlamaModel defines it, not as model.py does:
+    embedding; per layer RMSNorm with its weight, q, k, v, Qwen3's q_norm / k_norm per head, RoPE
+    in rotate_half form (channel i pairs with i + hd/2), causal softmax attention, o_proj, RMSNorm,
+    SwiGLU MLP; the final RMSNorm and lm_head (the embedding when tied)."""
+    w = {k: v.double() for k, v in state.items()}
+    H, hd, eps = config["num_attention_heads"], config["head_dim"], config["rms_norm_eps"]
+    B, T = idx.shape
+    rms = lambda x, g: g * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    inv = config["rope_theta"] ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+    angles = torch.outer(torch.arange(T, dtype=torch.float64), inv).repeat(1, 2)   # (T, hd)
+    cos, sin = angles.cos()[:, None], angles.sin()[:, None]
+    rotate_half = lambda x: torch.cat((-x[..., hd // 2:], x[..., :hd // 2]), -1)
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    x = w["model.embed_tokens.weight"][idx]
+    for i in range(config["num_hidden_layers"]):
+        p = lambda name: w[f"model.layers.{i}.{name}"]
+        h = rms(x, p("input_layernorm.weight"))
+        q, k, v = ((h @ p(f"self_attn.{n}_proj.weight").T).view(B, T, H, hd) for n in "qkv")
+        if f"model.layers.{i}.self_attn.q_norm.weight" in w:   # Qwen3: before RoPE
+            q, k = rms(q, p("self_attn.q_norm.weight")), rms(k, p("self_attn.k_norm.weight"))
+        q, k = (z * cos + rotate_half(z) * sin for z in (q, k))
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(hd)
+        att = scores.masked_fill(~mask, -math.inf).softmax(-1)
+        y = torch.einsum("bhqk,bkhd->bqhd", att, v).reshape(B, T, H * hd)
+        x = x + y @ p("self_attn.o_proj.weight").T
+        h = rms(x, p("post_attention_layernorm.weight"))
+        gate, up = h @ p("mlp.gate_proj.weight").T, h @ p("mlp.up_proj.weight").T
+        x = x + (torch.nn.functional.silu(gate) * up) @ p("mlp.down_proj.weight").T
+    head = w["lm_head.weight"] if "lm_head.weight" in w else w["model.embed_tokens.weight"]
+    return rms(x, w["model.norm.weight"]) @ head.T
 
 
 # ---- train.py in a subprocess -------------------------------------------------------------------

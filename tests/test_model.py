@@ -325,8 +325,9 @@ def test_dnp_head_width_equals_full_width_with_the_vector_repeated():
 
 
 def test_dnp_width_is_validated_through_the_placement_table():
-    with pytest.raises(ValueError, match="sv_dnp_width='head' .* needs sv_placement='dnp'"):
-        GPTConfig(sv_dnp_width="head", sv_placement="dp")
+    for placement in ("dp", "dnp_novec"):   # dnp_novec has DNP's Norm, not its vector
+        with pytest.raises(ValueError, match="sv_dnp_width='head' .* needs sv_placement='dnp'"):
+            GPTConfig(sv_dnp_width="head", sv_placement=placement)
     with pytest.raises(ValueError, match="sv_dnp_width must be one of 'full', 'head'"):
         GPTConfig(sv_dnp_width="quarter", sv_placement="dnp")
     classes = make(sv_placement="dnp", sv_dnp_width="head").param_classes()
@@ -371,7 +372,7 @@ def test_or_normalizes_alpha_with_norm_eps():
     """OR: g = beta * Norm(alpha) with the model's Norm, eps = norm_eps (F.rms_norm's default eps
     was used)."""
     cfg = GPTConfig(**TINY, sv_reparam="or", norm_eps=1e-2)
-    sv = ScaleVector(1, 4, "input", cfg)
+    sv = ScaleVector(1, 4, cfg, model_py.AFTER_NORM)
     with torch.no_grad():
         sv.alpha.fill_(0.1)
         sv.beta.fill_(2.0)

@@ -264,8 +264,8 @@ def test_weight_decay_groups_classify_the_moe_vectors(policy, kw):
     names = {id(p): n for n, p in model.named_parameters()}
     for g in model.param_groups(0.1, policy):
         for p in g["params"]:
-            assert (g["weight_decay"] > 0) == expected_decay(
-                names[id(p)], kw.get("sv_placement", "pre"), policy), names[id(p)]
+            assert (g["weight_decay"] > 0) == expected_decay(model, names[id(p)], policy), \
+                names[id(p)]
 
 
 def test_scale_vector_stats_name_each_expert_branch():

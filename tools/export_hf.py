@@ -21,7 +21,8 @@ details match:
 qk_norm (g_q * Norm(q), g_k * Norm(k) per head, one vector shared by the heads, before RoPE) is
 exactly Qwen3's q_norm / k_norm, so such a model is written as a Qwen3ForCausalLM. DNP, post_norm
 and MoE are refused: a Norm, not a linear map, follows their vectors (or the FFN is not a Llama
-one).
+one); so is any other vector that declares a Norm after it (GPT.vector_sites), and a weight
+BLOCK_WEIGHTS does not place.
 
 Writes config.json, model.safetensors (float32) and, for a run on GPT-2's BPE, the tokenizer files
 (vocab.json, merges.txt, built offline from data/raw/gpt2.tiktoken), so that
@@ -73,8 +74,9 @@ class ExportError(ValueError):
 
 
 def check_exportable(cfg):
-    """Raise ExportError, one sentence naming the flag, if cfg is not a plain Llama (or Qwen3) once
-    folded."""
+    """Raise ExportError, one sentence naming the flag or the vector, if cfg is not a plain Llama
+    (or Qwen3) once folded: every scale vector must fold, as it declares (GPT.vector_sites), but
+    Qwen3's q/k norms."""
     why = ("a Norm, not a linear map, follows its scale vectors, so they cannot fold and Llama has "
            "no such norm")
     if cfg.scale_vectors and PLACEMENTS[cfg.sv_placement].norm:
@@ -87,6 +89,12 @@ def check_exportable(cfg):
         raise ExportError(f"n_experts={cfg.n_experts} cannot be exported: the MoE FFN (router, "
                           "expert bias, shared experts) is not a Llama MLP; export a dense model "
                           "(n_experts=0)")
+    with torch.device("meta"):   # sizes only
+        sites = GPT(cfg).vector_sites()
+    qk = tuple(f".{m}.g" for m in QK_NORMS)
+    for name in (n for n, s in sites.items() if not s and not n.endswith(qk)):
+        raise ExportError(f"{name} cannot be exported: it declares a Norm, not a linear map, after "
+                          "it, so it cannot fold and Llama has no such norm")
 
 
 def rope_order(n_head, hd):
@@ -153,6 +161,11 @@ def hf_export(model):
         # untied: the folded head already holds W_head diag(g_final)
         state["model.norm.weight"] = ones
         state["lm_head.weight"] = folded[HEAD][:V]
+    mapped = {EMBEDDING, HEAD,
+              *(f"blocks.{i}.{k}" for i in range(cfg.n_layer) for k in BLOCK_WEIGHTS)}
+    for key in sorted(set(folded) - mapped)[:1]:   # a fork's new weight would be dropped
+        raise ExportError(f"{key} has no place in a Llama: say in export_hf.BLOCK_WEIGHTS where "
+                          "it goes, or export a model without it")
     state = {k: v.contiguous().clone() for k, v in state.items()}
     arch = "Qwen3" if cfg.qk_norm else "Llama"
     config = {

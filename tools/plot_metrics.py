@@ -8,8 +8,9 @@ Left: the loss over training, one colour per run: the training loss of every log
 and the validation loss of every evaluation; a line of few points has markers, so that a short or
 interrupted run (one evaluation, a few logged steps) is visible too. Then, per run: the mean of
 every effective scale vector over training, one line per vector (layer and branch), coloured by
-depth: the growth the paper (section 2.2) calls self-amplifying. Last, for MoE runs: the coefficient of variation of the experts' load,
-per layer. A grid of study/ is drawn by `python -m study.reproduce --summary_only`.
+depth: the growth the paper (section 2.2) calls self-amplifying. Last, for MoE runs: the
+coefficient of variation of the experts' load, per layer. A grid of study/ is drawn by
+`python -m study.reproduce --summary_only`.
 """
 import argparse
 import os

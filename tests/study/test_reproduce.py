@@ -155,6 +155,63 @@ def test_added_variant_from_the_command_line():
         assert str(e.value.code).startswith("error: --add=") and "\n" not in str(e.value.code)
 
 
+def test_an_added_row_carries_a_claim_and_a_sign():
+    grid = grids.default_grid()
+    v = grids.parse_added("gate:config/unified_char.py:--sv_reparam=er:unified:-1:ER: lower", grid)
+    assert (v.baseline, v.sign, v.claim) == ("unified", -1, "ER: lower")   # colons kept
+    assert grids.parse_added("gate:config/unified_char.py:::+1", grid).sign == 1
+    for bad, why in (("gate:config/unified_char.py:::lower", "SIGN must be -1"),
+                     ("gate:config/unified_char.py::none:+1", "a SIGN needs a BASELINE")):
+        with pytest.raises(SystemExit) as e:
+            grids.parse_added(bad, grid)
+        assert why in str(e.value.code) and "\n" not in str(e.value.code)
+
+
+def test_an_added_row_named_as_a_variant_must_run_its_flags(tmp_path, capsys):
+    """Issue 32: --add='unified_novec:config/unified_char.py::...' ran unified under the control's
+    name. A name of model.VARIANTS (or moe_NAME) is checked against the flags its config file and
+    overrides resolve to; any other name is free."""
+    base = ["--grid=lr", "--dry_run", "--seeds=1", f"--results_dir={tmp_path}"]
+    with pytest.raises(SystemExit) as e:
+        reproduce.main([*base, "--add=unified_novec:config/unified_char.py::baseline_lr1e-3"])
+    assert str(e.value.code) == (
+        "error: --add=unified_novec:config/unified_char.py::baseline_lr1e-3: 'unified_novec' names "
+        "model.VARIANTS['unified_novec'], which has sv_placement='dnp_novec', but "
+        "config/unified_char.py runs sv_placement='dnp': give the row another name or that "
+        "variant's flags")
+    with pytest.raises(SystemExit, match="'moe_dp' names model.VARIANTS\\['dp'\\]"):
+        reproduce.main([*base, "--add=moe_dp:config/moe_baseline_char.py"])
+    for ok in ("unified_novec:config/unified_char.py:--sv_placement=dnp_novec:baseline_lr1e-3",
+               "unified_headgate:config/unified_char.py:--n_head=2:baseline_lr1e-3"):
+        assert reproduce.main([*base, f"--add={ok}"]) == 0
+    capsys.readouterr()
+
+
+def test_the_summary_lists_the_rows_that_ran_and_no_absolute_path(tmp_path, capsys):
+    """Issue 32: an --add run's summary listed the 20 rows of the grid that never ran, and wrote
+    the absolute --results_dir into summary.md, which is committed."""
+    grid = [Variant("baseline", "config/baseline_char.py", [], None, "", 0),
+            Variant("hg", "config/hetero_char.py", [], "baseline", "HG", -1),
+            Variant("dp", "config/dp_char.py", [], "baseline", "DP", -1)]
+    results = {"baseline": {1: fake(2.0)}, "hg": {1: fake(1.9)}, "dp": {}}
+    assert [r["variant"] for r in report.summarize(grid, results)] == ["baseline", "hg"]
+    assert reproduce.summary_command(["--results_dir", str(tmp_path), "--seeds=2"]) == (
+        "python -m study.reproduce --results_dir DIR --seeds=2")
+    assert reproduce.summary_command([f"--results_dir={ROOT}/study/results/x"]) == (
+        "python -m study.reproduce --results_dir=study/results/x")
+    assert reproduce.main(["--summary_only", f"--results_dir={tmp_path / 'res'}"]) == 0
+    md = (tmp_path / "res" / "summary.md").read_text()
+    assert str(tmp_path) not in md and "--results_dir=DIR" in md and "| baseline |" not in md
+    capsys.readouterr()
+
+
+def test_no_committed_summary_holds_an_absolute_path():
+    for path in glob.glob(os.path.join(ROOT, "study", "results", "*", "summary.md")):
+        with open(path) as f:
+            found = re.findall(r"(?<![\w.~])/[A-Za-z][^\s`|]*", f.read())
+        assert not found, f"{path} names {found[0]}: summary.md is committed"
+
+
 def test_cpu_dry_run_estimates_each_run_by_its_own_iterations_and_size(
         tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
@@ -484,10 +541,10 @@ def test_dnp_gain_splits_seed_by_seed_into_norm_and_vector_parts():
 
 
 def test_the_wd_report_gives_the_final_vectors_of_each_kind_beside_the_losses():
-    def run(loss, seed, g_in, g_out):
-        return {**fake(loss, seed), "sv_means": {"blocks.0.attn.qkv.g_in": [1.0, g_in],
-                                                 "g_final": [1.0, g_in + 0.2],
-                                                 "blocks.0.attn.q_norm.g": [1.0, g_out]}}
+    def run(loss, seed, g_in, g_out):   # which vector is which: as the run's model declares
+        return {**fake(loss, seed), "config": "config/gemma_iwd_char.py", "args": [],
+                "sv_means": {"blocks.0.attn.qkv.g_in": [1.0, g_in], "g_final": [1.0, g_in + 0.2],
+                             "blocks.0.attn.q_norm.g": [1.0, g_out]}}
     results = {"gemma_none_wd1.0": {s: run(2.0, s, 1.0, 1.1) for s in (1, 2)},
                "gemma_iwd_wd1.0": {1: run(1.99, 1, 0.6, 1.1), 2: run(1.98, 2, 0.5, 1.1)}}
     lines, data = report.wd_report(results)

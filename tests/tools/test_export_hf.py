@@ -1,7 +1,8 @@
 """export_hf.py: the exported Hugging Face model computes what the checkpoint computes (paper 2.2:
-the Input-Norm vectors fold away), the refusals, and the GPT-2 tokenizer files. transformers and
-safetensors are test-only dependencies (requirements-test.txt); the tests that need them are
-skipped without them."""
+the Input-Norm vectors fold away), the refusals, and the GPT-2 tokenizer files. An independent
+Llama forward (helpers.llama_forward) checks every export without transformers; transformers and
+safetensors are test-only dependencies (requirements-test.txt), the second opinion: the tests that
+need them are skipped without them, and the fast loop's summary says so (conftest.py)."""
 import errno
 import json
 import os
@@ -10,7 +11,9 @@ import pytest
 import torch
 
 import checkpoint
+from helpers import llama_forward
 from tools import export_hf
+import model as model_py
 from model import GPT, GPTConfig
 
 VARIANTS = {   # the paper's variants whose vectors all fold (design page), as GPTConfig flags
@@ -69,6 +72,54 @@ def greedy(model, idx, steps):
     for _ in range(steps):
         idx = torch.cat((idx, model(idx)[0][:, -1:].argmax(-1)), dim=1)
     return idx
+
+
+def probe(seed=1):
+    return torch.randint(100, (2, 64), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_an_independent_llama_forward_over_the_export_gives_the_logits(variant, tied):
+    """No transformers needed: the exported state dict and config, run by a Llama written from
+    Hugging Face's definition (rotate_half RoPE, RMSNorm with the exported weights, SwiGLU, Qwen3's
+    q/k norms), give the model's logits; its float64 against our float32: 1e-4."""
+    model = randomized(GPTConfig(**TINY, tie_embeddings=tied, **VARIANTS[variant]))
+    config, state = export_hf.hf_export(model)
+    assert ("lm_head.weight" in state) != tied and len(state["model.embed_tokens.weight"]) == 100
+    with torch.no_grad():
+        ours = model(probe())[0]
+    assert ours.abs().max() > 1   # logits of a size where a wrong export shows
+    assert (llama_forward(config, state, probe()) - ours).abs().max().item() < 1e-4
+
+
+def test_the_independent_forward_reads_the_safetensors_file(tmp_path):
+    safetensors = pytest.importorskip("safetensors.torch")
+    model = randomized(GPTConfig(**TINY, **VARIANTS["qk_norm+HG+DP+ER"]))
+    export_hf.save(*export_hf.hf_export(model), str(tmp_path / "hf"))
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    state = safetensors.load_file(str(tmp_path / "hf" / "model.safetensors"))
+    with torch.no_grad():
+        assert (llama_forward(config, state, probe()) - model(probe())[0]).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("wrong", ["rope_order", "qk_norm_dropped", "vector_not_folded"])
+def test_the_independent_forward_sees_a_wrong_export(monkeypatch, wrong):
+    """It can fail: q and k exported in model.py's RoPE layout, Qwen3's q/k norm vectors dropped
+    (issue 32: such an export passed when transformers was missing), or a vector left out of the
+    fold each move the logits far beyond 1e-4."""
+    model = randomized(GPTConfig(**TINY, **VARIANTS["qk_norm+HG+DP+ER"]))
+    if wrong == "rope_order":
+        monkeypatch.setattr(export_hf, "rope_order", lambda n_head, hd: torch.arange(n_head * hd))
+    elif wrong == "qk_norm_dropped":
+        monkeypatch.setattr(export_hf, "_vector", lambda module: None)
+    else:
+        sites = model_py.GPT.vector_sites   # DP's g_out forgotten by the fold
+        monkeypatch.setattr(model_py.GPT, "vector_sites", lambda self: {
+            n: s for n, s in sites(self).items() if not n.endswith("g_out")})
+    config, state = export_hf.hf_export(model)
+    with torch.no_grad():
+        assert (llama_forward(config, state, probe()) - model(probe())[0]).abs().max() > 1e-2
 
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
