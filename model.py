@@ -16,9 +16,10 @@ Attention, SwiGLU and the Mixture-of-Experts FFN (MoE) are built from these piec
 PLACEMENTS, REPARAMS and DECAY_POLICIES say what each value of sv_placement, sv_reparam and
 train.py's sv_weight_decay means; VARIANTS names the paper's combinations.
 
-First reading (~300 lines): the operations and the tables, GPTConfig, ScaleVector, ScaledLinear,
-Attention, SwiGLU, Block and GPT up to forward; then param_groups and fold_scale_vectors. MoE is
-optional: a dense model (n_experts=0) never builds one.
+First reading, lines 1-588 (tests/test_model.py keeps the count true): the
+operations and the tables, GPTConfig, ScaleVector, ScaledLinear, Attention, SwiGLU, Block and GPT
+up to forward. Then GPT's vector sites, decay groups and folding; the optional Mixture of Experts
+after it (a dense model, n_experts=0, never builds one); telemetry.py measures the vectors.
 """
 import math
 from dataclasses import dataclass, fields, replace
@@ -439,7 +440,7 @@ class OutputNorm(nn.Module):
         return F.rms_norm(x, (x.size(-1),), g, self.eps)
 
 
-# ---- attention, SwiGLU, MoE ----------------------------------------------------------------------
+# ---- attention, SwiGLU -------------------------------------------------------------------------
 
 def rope_table(cfg, T, device, dtype):
     """e^(i t theta_j) for position t < T and pair j of a head, shaped to broadcast over
@@ -498,120 +499,6 @@ class SwiGLU(nn.Module):
 
     def forward(self, xn, g_in=None):
         return self.down(swiglu(self.gate_up(xn, g_in)))
-
-
-class MoE(nn.Module):
-    """Mixture-of-Experts FFN: each token goes through the top-k of E routed SwiGLU experts,
-    weighted by gates renormalized to sum to 1 (k > 1), plus the shared experts; no token is
-    dropped. Router in fp32. Balance: DeepSeek-V3's expert bias (it changes which experts are
-    chosen, not the gates; update_bias) or the Switch Transformer's auxiliary loss (self.aux_loss,
-    added by GPT). Scale vectors: one Input-Norm vector g_ffn (self.g_in) shared by router and
-    experts; under HG the router and every expert's gate and up own theirs (DESIGN.md); DP and DNP
-    apply per expert. The experts' weights are stacked (E, ...) tensors, so an expert that gets no
-    token still takes part in autograd (a zero gradient) and DDP needs no find_unused_parameters."""
-
-    def __init__(self, cfg):
-        super().__init__()
-        d, E, h, hg = cfg.n_embd, cfg.n_experts, cfg.expert_hidden, cfg.sv_hetero
-        self.E, self.k, self.router_fn = E, cfg.n_experts_active, cfg.moe_router
-        self.balance, self.bias_rate = cfg.moe_balance, cfg.moe_bias_rate
-        maps = ("router", "experts", "shared.gate_up")[:3 if cfg.n_shared_experts else 2]
-        self.g_in = (ScaleVector(1, d, cfg, tuple((f"{m}.weight", "columns") for m in maps))
-                     if cfg.scale_vectors and not hg else None)
-        self.router = ScaledLinear(d, E, cfg, dual=False, own_g_in=hg)
-        self.experts = ScaledLinear(d, 2 * h, cfg, branches=("gate", "up"), n_expert=E, own_g_in=hg)
-        # (E, d, h); writes into the residual stream (GPT._init_weights)
-        self.down = nn.Parameter(torch.empty(E, d, h))
-        shared = cfg.n_shared_experts
-        self.shared = SwiGLU(cfg, shared * h, own_g_in=hg) if shared else None
-        self.register_buffer("expert_bias", torch.zeros(E))   # checkpointed with the weights
-        # assignments per expert since the last update: not a buffer, DDP would overwrite it with
-        # rank 0's
-        self.load, self.last_load, self.aux_loss = None, None, None
-        # "loop" | "grouped" (torch._grouped_mm); None: grouped on CUDA in bf16, else loop
-        self.impl = None
-
-    def route(self, x):
-        """x (N, d) -> expert ids (N, k), gates (N, k) that sum to 1 (k > 1), scores (N, E); all in
-        at least fp32."""
-        with torch.autocast(x.device.type, enabled=False):
-            W = self.router.effective_weight(self.g_in() if self.g_in is not None else None)
-            acc = torch.promote_types(x.dtype, torch.float32)   # float32, or float64
-            logits = F.linear(x.to(acc), W.to(acc))
-        scores = logits.softmax(-1) if self.router_fn == "softmax" else logits.sigmoid()
-        # the bias only chooses
-        ids = torch.topk(scores + self.expert_bias.float(), self.k, dim=-1).indices
-        # top-1 keeps its score (Switch): a gate fixed to 1 would not train the router
-        gates = scores.gather(-1, ids)
-        return ids, gates / gates.sum(-1, keepdim=True) if self.k > 1 else gates, scores
-
-    def forward(self, xn):
-        x = xn.reshape(-1, xn.size(-1))                # (B, T, d) -> (N, d)
-        N, k, E = x.size(0), self.k, self.E
-        ids, gates, scores = self.route(x)
-        g_in = self.g_in() if self.g_in is not None else None
-        flat = ids.flatten()                           # N * k assignments, token-major
-        order = flat.argsort(stable=True)              # sorted by expert
-        # tokens per expert (bincount, static shape)
-        counts = flat.new_zeros(E).scatter_add_(0, flat, torch.ones_like(flat))
-        xs, expert = x[order // k], flat[order]        # (N * k, d) in expert order, their experts
-        W = self.experts.effective_weight(g_in)        # (E, 2h, d): W * (g_out g_in^T) per expert
-        y = self.run_experts(xs, expert, counts, W)    # (N * k, d) in expert order
-        y = torch.empty_like(y).index_copy_(0, order, y).view(N, k, -1)   # token order: (N, k, d)
-        out = (y * gates.unsqueeze(-1)).sum(1)
-        if self.shared is not None:
-            out = out + self.shared(x, g_in)
-        if self.training:
-            self.count(counts, scores)
-        return out.view(xn.shape).type_as(xn)
-
-    def run_experts(self, xs, expert, counts, W):
-        """Each expert's SwiGLU on its rows of xs, which are sorted by expert."""
-        dev = xs.device.type
-        dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else xs.dtype
-        impl = self.impl or ("grouped" if xs.is_cuda and dt == torch.bfloat16
-                             and hasattr(torch, "_grouped_mm") else "loop")
-        if impl == "grouped":   # one grouped GEMM per projection; the groups are the experts' rows
-            offs = counts.cumsum(0).int()
-            mm = lambda a, w: torch._grouped_mm(a.to(dt), w.to(dt).transpose(-2, -1), offs=offs)
-            return mm(swiglu(self.experts.output_side(mm(xs, W), expert)), self.down)
-        y = []                  # an expert with no token runs on an empty slice
-        parts = zip(xs.split(counts.tolist()), W.unbind(), self.down.unbind())
-        for e, (xe, We, De) in enumerate(parts):
-            h = swiglu(self.experts.output_side(F.linear(xe, We), e))
-            y.append(F.linear(h, De))
-        return torch.cat(y)
-
-    # ---- load balancing: counted in each training forward, applied after each optimizer step ----
-
-    def count(self, counts, scores):
-        self.load = counts.float() if self.load is None else self.load + counts
-        if self.balance == "aux":
-            # Switch: E * sum_i f_i P_i, f: fraction of assignments, P: mean probability
-            N = scores.size(0)
-            P = (scores / scores.sum(-1, keepdim=True)).mean(0)
-            self.aux_loss = self.E * (counts.float() / (N * self.k) * P).sum()
-
-    @torch.no_grad()
-    def update_bias(self, reduce=None):
-        """DeepSeek-V3 (arXiv:2412.19437, 2.1.2): an expert that got more assignments than the mean
-        since the last call is made less likely to be chosen, by bias_rate (moe_balance="bias");
-        records the load for stats() in either mode. `reduce(t)` sums t over processes in place."""
-        if self.load is None:
-            return
-        load, self.load = self.load, None
-        if reduce is not None:
-            reduce(load)
-        self.last_load = load / load.sum().clamp(min=1)
-        if self.balance == "bias":
-            step = torch.sign(load.mean() - load)
-            self.expert_bias += self.bias_rate * (step - step.mean())   # centred: no drift
-
-    def stats(self):
-        """{"load": fraction of the assignments per expert, "cv": std / mean of it} at the last
-        update_bias; cv 0 is a perfect balance."""
-        load = self.last_load
-        return {"load": load.tolist(), "cv": (load.std(unbiased=False) / load.mean()).item()}
 
 
 # ---- the model -----------------------------------------------------------------------------------
@@ -804,68 +691,6 @@ class GPT(nn.Module):
         return opts
 
     @torch.no_grad()
-    def scale_vector_stats(self):
-        """{name: [mean, min, max]} of every effective scale vector (after OR / ER), one entry per
-        row/branch."""
-        stats = {}
-        for name, m in self.named_modules():
-            if isinstance(m, ScaleVector):
-                g = m().float()
-                for i, row in enumerate(g):
-                    if len(g) == 1:
-                        key = name
-                    else:
-                        key = f"{name}.{m.names[i]}" if m.names else f"{name}.{i}"
-                    stats[key] = [row.mean().item(), row.min().item(), row.max().item()]
-        return stats
-
-    @torch.no_grad()
-    def fed_maps(self):
-        """{map: (W as (blocks, rows, d_in), g as (1 or blocks, d_in) or None)}, copies, for every
-        linear map fed by Norm(x) (qkv, gate|up, the experts, the router, the head), g the
-        Input-Norm vector that meets its input (paper 2.2; None without scale vectors): the maps
-        whose folded weight W diag(g) the vector preconditions."""
-        shared = {f"{n}.{s}": m.g_in for n, m in self.named_modules()   # an MoE's g_ffn
-                  if isinstance(m, MoE) and m.g_in is not None
-                  for s in ("router", "experts", "shared.gate_up")}
-        shared["head"] = self.g_final
-        maps = {}
-        for name, m in self.named_modules():
-            if isinstance(m, ScaledLinear):
-                sv = m.g_in or shared.get(name)
-                maps[name] = (m.weight.reshape(m.n_blocks, -1, m.weight.size(-1)).float().clone(),
-                              sv().float() if sv is not None else None)
-        return maps
-
-    @torch.no_grad()
-    def preconditioning(self, before=None):
-        """Telemetry of the paper's mechanism (2.2, DESIGN.md "Preconditioning, measured"), per map
-        of fed_maps(): the spread of g ([std, min, max, 10%, 50%, 90%]); the correlation over
-        columns j of g_j with ||W[:, j]|| and with ||W'[:, j]||, W' = W diag(g) the folded map;
-        with `before` (fed_maps() one optimizer step earlier): `update_exp`, the exponent p of
-        ||dW'[:, j]|| ~ g_j^p (a log-log fit; the preconditioner is g^2 for SGD), `update_corr`
-        the correlation of g_j with log ||dW'[:, j]||, and `update_cv` the spread of the column
-        updates (std / mean)."""
-        out = {}
-        for name, (W, g) in self.fed_maps().items():
-            g = torch.ones(1, W.size(-1), device=W.device) if g is None else g
-            g = g.expand(W.size(0), -1)                            # (blocks, d_in)
-            col = W.norm(dim=1)                                    # ||W[:, j]|| per block
-            q = torch.quantile(g.flatten(), torch.tensor([0.1, 0.5, 0.9], device=g.device))
-            stats = {"g": [g.std().item(), g.min().item(), g.max().item(), *q.tolist()]}
-            stats["corr_w"], stats["corr_wg"] = corr(g, col), corr(g, col * g)
-            if before is not None:
-                W0, g0 = before[name]
-                g0 = torch.ones_like(g) if g0 is None else g0.expand_as(g)
-                dcol = (W * g.unsqueeze(1) - W0 * g0.unsqueeze(1)).norm(dim=1)
-                log_d = dcol.clamp(min=1e-30).log()
-                stats["update_cv"] = (dcol.std() / dcol.mean()).item()
-                stats["update_exp"] = slope(g.log(), log_d)
-                stats["update_corr"] = corr(g.log(), log_d)
-            out[name] = stats
-        return out
-
-    @torch.no_grad()
     def fold_scale_vectors(self):
         """A new, equivalent GPT with scale_vectors=False, in this model's dtype and on its device
         (paper 2.2: W(g * z) = (W diag(g)) z, so an Input-Norm vector adds no expressivity): each
@@ -961,6 +786,122 @@ class GPT(nn.Module):
             yield idx_next
 
 
+# ---- Mixture of Experts (optional: n_experts > 0) ------------------------------------------------
+
+class MoE(nn.Module):
+    """Mixture-of-Experts FFN: each token goes through the top-k of E routed SwiGLU experts,
+    weighted by gates renormalized to sum to 1 (k > 1), plus the shared experts; no token is
+    dropped. Router in fp32. Balance: DeepSeek-V3's expert bias (it changes which experts are
+    chosen, not the gates; update_bias) or the Switch Transformer's auxiliary loss (self.aux_loss,
+    added by GPT). Scale vectors: one Input-Norm vector g_ffn (self.g_in) shared by router and
+    experts; under HG the router and every expert's gate and up own theirs (DESIGN.md); DP and DNP
+    apply per expert. The experts' weights are stacked (E, ...) tensors, so an expert that gets no
+    token still takes part in autograd (a zero gradient) and DDP needs no find_unused_parameters."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        d, E, h, hg = cfg.n_embd, cfg.n_experts, cfg.expert_hidden, cfg.sv_hetero
+        self.E, self.k, self.router_fn = E, cfg.n_experts_active, cfg.moe_router
+        self.balance, self.bias_rate = cfg.moe_balance, cfg.moe_bias_rate
+        maps = ("router", "experts", "shared.gate_up")[:3 if cfg.n_shared_experts else 2]
+        self.g_in = (ScaleVector(1, d, cfg, tuple((f"{m}.weight", "columns") for m in maps))
+                     if cfg.scale_vectors and not hg else None)
+        self.router = ScaledLinear(d, E, cfg, dual=False, own_g_in=hg)
+        self.experts = ScaledLinear(d, 2 * h, cfg, branches=("gate", "up"), n_expert=E, own_g_in=hg)
+        # (E, d, h); writes into the residual stream (GPT._init_weights)
+        self.down = nn.Parameter(torch.empty(E, d, h))
+        shared = cfg.n_shared_experts
+        self.shared = SwiGLU(cfg, shared * h, own_g_in=hg) if shared else None
+        self.register_buffer("expert_bias", torch.zeros(E))   # checkpointed with the weights
+        # assignments per expert since the last update: not a buffer, DDP would overwrite it with
+        # rank 0's
+        self.load, self.last_load, self.aux_loss = None, None, None
+        # "loop" | "grouped" (torch._grouped_mm); None: grouped on CUDA in bf16, else loop
+        self.impl = None
+
+    def route(self, x):
+        """x (N, d) -> expert ids (N, k), gates (N, k) that sum to 1 (k > 1), scores (N, E); all in
+        at least fp32."""
+        with torch.autocast(x.device.type, enabled=False):
+            W = self.router.effective_weight(self.g_in() if self.g_in is not None else None)
+            acc = torch.promote_types(x.dtype, torch.float32)   # float32, or float64
+            logits = F.linear(x.to(acc), W.to(acc))
+        scores = logits.softmax(-1) if self.router_fn == "softmax" else logits.sigmoid()
+        # the bias only chooses
+        ids = torch.topk(scores + self.expert_bias.float(), self.k, dim=-1).indices
+        # top-1 keeps its score (Switch): a gate fixed to 1 would not train the router
+        gates = scores.gather(-1, ids)
+        return ids, gates / gates.sum(-1, keepdim=True) if self.k > 1 else gates, scores
+
+    def forward(self, xn):
+        x = xn.reshape(-1, xn.size(-1))                # (B, T, d) -> (N, d)
+        N, k, E = x.size(0), self.k, self.E
+        ids, gates, scores = self.route(x)
+        g_in = self.g_in() if self.g_in is not None else None
+        flat = ids.flatten()                           # N * k assignments, token-major
+        order = flat.argsort(stable=True)              # sorted by expert
+        # tokens per expert (bincount, static shape)
+        counts = flat.new_zeros(E).scatter_add_(0, flat, torch.ones_like(flat))
+        xs, expert = x[order // k], flat[order]        # (N * k, d) in expert order, their experts
+        W = self.experts.effective_weight(g_in)        # (E, 2h, d): W * (g_out g_in^T) per expert
+        y = self.run_experts(xs, expert, counts, W)    # (N * k, d) in expert order
+        y = torch.empty_like(y).index_copy_(0, order, y).view(N, k, -1)   # token order: (N, k, d)
+        out = (y * gates.unsqueeze(-1)).sum(1)
+        if self.shared is not None:
+            out = out + self.shared(x, g_in)
+        if self.training:
+            self.count(counts, scores)
+        return out.view(xn.shape).type_as(xn)
+
+    def run_experts(self, xs, expert, counts, W):
+        """Each expert's SwiGLU on its rows of xs, which are sorted by expert."""
+        dev = xs.device.type
+        dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else xs.dtype
+        impl = self.impl or ("grouped" if xs.is_cuda and dt == torch.bfloat16
+                             and hasattr(torch, "_grouped_mm") else "loop")
+        if impl == "grouped":   # one grouped GEMM per projection; the groups are the experts' rows
+            offs = counts.cumsum(0).int()
+            mm = lambda a, w: torch._grouped_mm(a.to(dt), w.to(dt).transpose(-2, -1), offs=offs)
+            return mm(swiglu(self.experts.output_side(mm(xs, W), expert)), self.down)
+        y = []                  # an expert with no token runs on an empty slice
+        parts = zip(xs.split(counts.tolist()), W.unbind(), self.down.unbind())
+        for e, (xe, We, De) in enumerate(parts):
+            h = swiglu(self.experts.output_side(F.linear(xe, We), e))
+            y.append(F.linear(h, De))
+        return torch.cat(y)
+
+    # ---- load balancing: counted in each training forward, applied after each optimizer step ----
+
+    def count(self, counts, scores):
+        self.load = counts.float() if self.load is None else self.load + counts
+        if self.balance == "aux":
+            # Switch: E * sum_i f_i P_i, f: fraction of assignments, P: mean probability
+            N = scores.size(0)
+            P = (scores / scores.sum(-1, keepdim=True)).mean(0)
+            self.aux_loss = self.E * (counts.float() / (N * self.k) * P).sum()
+
+    @torch.no_grad()
+    def update_bias(self, reduce=None):
+        """DeepSeek-V3 (arXiv:2412.19437, 2.1.2): an expert that got more assignments than the mean
+        since the last call is made less likely to be chosen, by bias_rate (moe_balance="bias");
+        records the load for stats() in either mode. `reduce(t)` sums t over processes in place."""
+        if self.load is None:
+            return
+        load, self.load = self.load, None
+        if reduce is not None:
+            reduce(load)
+        self.last_load = load / load.sum().clamp(min=1)
+        if self.balance == "bias":
+            step = torch.sign(load.mean() - load)
+            self.expert_bias += self.bias_rate * (step - step.mean())   # centred: no drift
+
+    def stats(self):
+        """{"load": fraction of the assignments per expert, "cv": std / mean of it} at the last
+        update_bias; cv 0 is a perfect balance."""
+        load = self.last_load
+        return {"load": load.tolist(), "cv": (load.std(unbiased=False) / load.mean()).item()}
+
+
 @torch.no_grad()
 def optimizer_step(optimizers):
     """One training step: every optimizer's step, then the decay of a policy whose target is not 0
@@ -986,25 +927,6 @@ def optimizer_table(optimizers):
                      f"{sum(p.numel() for p in g['params']):>12,} "
                      f"{g['base_lr']:>8.1e} {decay:>6}")
     return "\n".join(lines)
-
-
-def corr(a, b):
-    """Pearson's correlation of two tensors' entries; None where either is constant up to float32
-    rounding (g at init, columns of one norm)."""
-    a, b = a.flatten().double(), b.flatten().double()
-    if min(x.std() / x.abs().mean().clamp(min=1e-30) for x in (a, b)) < 1e-6:
-        return None
-    a, b = a - a.mean(), b - b.mean()
-    return ((a @ b) / (a.norm() * b.norm())).item()
-
-
-def slope(x, y):
-    """The least-squares slope of y on x; None where x is constant (spread below 1e-6)."""
-    x, y = x.flatten().double(), y.flatten().double()
-    if x.std() < 1e-6:
-        return None
-    x = x - x.mean()
-    return ((x @ (y - y.mean())) / (x @ x)).item()
 
 
 def default_device():

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import checkpoint
+import telemetry
 from checkpoint import CheckpointError
 from config.defaults import DEFAULTS
 from configurator import TRAIN_RULES, ConfigError, check_device, configure, differing_configs
@@ -277,9 +278,9 @@ while True:
                   f"val loss {losses['val']:.4f}")
             log_metrics({"kind": "eval", "iter": iter_num, "train_loss": losses["train"],
                          "val_loss": losses["val"], "lr": learning_rate * lr_factor(iter_num),
-                         "scale_vectors": raw_model.scale_vector_stats(),
+                         "scale_vectors": telemetry.vector_stats(raw_model),
                          "moe": raw_model.moe_stats()})
-            before = raw_model.fed_maps()   # the folded maps, for the next step's update
+            before = telemetry.fed_maps(raw_model)   # for the next step's update
         stop_if_diverged("validation loss", losses["val"])
         best_val_loss = min(best_val_loss, losses["val"])
         if iter_num > start_iter:
@@ -322,7 +323,7 @@ while True:
     timed_steps += 1
     if master and before is not None:   # paper 2.2: one step of the maps the vectors precondition
         log_metrics({"kind": "precond", "iter": iter_num,
-                     "maps": raw_model.preconditioning(before)})
+                     "maps": telemetry.preconditioning(raw_model, before)})
         before = None
 
     if iter_num % log_interval == 0 or iter_num == start_iter + 1:   # a first line at once

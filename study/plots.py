@@ -117,7 +117,7 @@ def plot_grid(out, grid, results, ci=None):
     fig.tight_layout(), fig.savefig(os.path.join(out, "scale_vectors.png"), dpi=80), plt.close(fig)
 
 
-# the telemetry of GPT.preconditioning (DESIGN.md "Preconditioning, measured"), per map: how to
+# telemetry.preconditioning's figures (DESIGN.md "Preconditioning, measured"), per map: how to
 # read one number off a map's record, and the panel's label
 PRECOND = {"spread of g (std)": lambda m: m["g"][0],
            # the fit needs some spread of g to be read (about 0.5%; none at init)

@@ -36,6 +36,7 @@ if str(ROOT) not in sys.path:   # the core, for `python study/walkthrough.py` an
 
 import checkpoint  # noqa: E402
 from dataset import TokenFile, dataset_dir, load_meta  # noqa: E402
+import telemetry  # noqa: E402
 from model import GPT, GPTConfig, VARIANTS, optimizer_step  # noqa: E402
 
 parser = argparse.ArgumentParser(description="The paper's argument on a small model: g per "
@@ -171,9 +172,9 @@ print(f"{base.num_params():,} parameters (baseline), {unif.num_params():,} (unif
 
 # %%
 def per_layer(model):
-    """{vector kind: [(layer, mean, min, max), ...]} from the model's scale_vector_stats()."""
+    """{vector kind: [(layer, mean, min, max), ...]} from telemetry.vector_stats(model)."""
     kinds = {}
-    for name, (mean, lo, hi) in model.scale_vector_stats().items():
+    for name, (mean, lo, hi) in telemetry.vector_stats(model).items():
         parts = name.split(".")
         layer = int(parts[1]) if parts[0] == "blocks" else model.config.n_layer   # g_final last
         kind = ".".join(parts[2:]) if parts[0] == "blocks" else name

@@ -2,13 +2,16 @@
 variants (DNP's formula, its widths, OR's eps). The properties that hold for every variant are in
 test_variant_tables.py, parametrized over the tables."""
 import hashlib
+import inspect
 import math
+import re
 
 import pytest
 import torch
 import torch.nn as nn
 
 import model as model_py
+import telemetry
 from helpers import MOE, TINY, VARIANTS, make, randomize_scale_vectors, tokens
 from model import GPT, GPTConfig, Placement, ScaledLinear, ScaleVector
 
@@ -144,8 +147,8 @@ def test_scale_vector_preconditions_columns():
     assert not torch.allclose(delta, G, rtol=1e-2, atol=1e-2 * G.abs().max().item())
 
 
-def test_scale_vector_stats_names_each_branch():
-    stats = make(**VARIANTS["unified"]).scale_vector_stats()
+def test_the_vector_stats_name_each_branch():
+    stats = telemetry.vector_stats(make(**VARIANTS["unified"]))
     assert {"blocks.0.attn.qkv.g_in.q", "blocks.0.attn.qkv.g_in.k", "blocks.0.attn.qkv.g_in.v",
             "blocks.1.mlp.gate_up.g_out.up", "g_final"} <= set(stats)
     assert all(abs(mean - 1) < 1e-5 and abs(lo - 1) < 1e-5 and abs(hi - 1) < 1e-5
@@ -411,15 +414,15 @@ def test_preconditioning_reads_a_constructed_map_exactly():
     model = make()
     qkv = spread_qkv_vector(model)
     g = qkv.g_in.g.detach().clone().view(-1)
-    before = model.fed_maps()
-    stats = model.preconditioning()["blocks.0.attn.qkv"]
+    before = telemetry.fed_maps(model)
+    stats = telemetry.preconditioning(model)["blocks.0.attn.qkv"]
     assert stats["corr_w"] is None and stats["corr_wg"] == pytest.approx(1.0, abs=1e-9)
     assert stats["g"][1:3] == pytest.approx([0.5, 2.0])
     unit = torch.randn(qkv.weight.shape, generator=torch.Generator().manual_seed(0))
     unit = unit.view(3, -1, unit.size(-1))
     with torch.no_grad():
         qkv.weight.add_((1e-3 * g * unit / unit.norm(dim=1, keepdim=True)).view_as(qkv.weight))
-    stats = model.preconditioning(before)["blocks.0.attn.qkv"]
+    stats = telemetry.preconditioning(model, before)["blocks.0.attn.qkv"]
     assert stats["update_exp"] == pytest.approx(2.0, abs=1e-4)
     assert stats["update_corr"] == pytest.approx(1.0, abs=1e-6)
 
@@ -436,15 +439,24 @@ def test_a_first_adamw_step_preconditions_the_folded_map_by_g():
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3,
                             weight_decay=0.0, eps=1e-30)
     model(tokens(), tokens(seed=5))[1].backward()
-    before = model.fed_maps()
+    before = telemetry.fed_maps(model)
     opt.step()
-    stats = model.preconditioning(before)["blocks.0.attn.qkv"]
+    stats = telemetry.preconditioning(model, before)["blocks.0.attn.qkv"]
     assert stats["update_exp"] == pytest.approx(1.0, abs=1e-4), stats
 
 
 def test_without_vectors_the_telemetry_has_no_g_to_correlate():
     model = make(scale_vectors=False)
-    stats = model.preconditioning(model.fed_maps())
+    stats = telemetry.preconditioning(model, telemetry.fed_maps(model))
     assert set(stats) == {f"blocks.{i}.{m}" for i in range(2)
                           for m in ("attn.qkv", "mlp.gate_up")} | {"head"}
     assert all(s["corr_w"] is None and s["update_exp"] is None for s in stats.values())
+
+
+def test_the_first_reading_ends_where_the_docstring_says():
+    """Issue 30: the docstring's first reading (the top of the file to the end of GPT.forward) is
+    contiguous and its line count true: the MoE and the rest of GPT come after."""
+    n = int(re.search(r"First reading, lines 1-(\d+)", model_py.__doc__).group(1))
+    lines, start = inspect.getsourcelines(model_py.GPT.forward)
+    assert start + len(lines) - 1 == n, "update model.py's docstring: the first reading moved"
+    assert inspect.getsourcelines(model_py.MoE)[1] > n

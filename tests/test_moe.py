@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from helpers import (MOE, TINY, VARIANTS, expected_decay, final_state, make,
                      randomize_scale_vectors, records, tokens, train)
+import telemetry
 from model import GPT, GPTConfig, SwiGLU
 
 
@@ -268,8 +269,8 @@ def test_weight_decay_groups_classify_the_moe_vectors(policy, kw):
                 names[id(p)]
 
 
-def test_scale_vector_stats_name_each_expert_branch():
-    stats = make(**MOE, **VARIANTS["unified"]).scale_vector_stats()
+def test_the_vector_stats_name_each_expert_branch():
+    stats = telemetry.vector_stats(make(**MOE, **VARIANTS["unified"]))
     assert {"blocks.0.mlp.router.g_in", "blocks.0.mlp.experts.g_in.3.gate",
             "blocks.0.mlp.experts.g_out.0.up", "blocks.0.mlp.shared.gate_up.g_in.up"} <= set(stats)
 
