@@ -469,8 +469,13 @@ def split_rows(results):
     return rows
 
 
+def p_value(p):
+    """Two significant digits: 12 seeds of one sign give 2/4096 = 0.00049, not "0.000"."""
+    return "—" if p is None else f"{p:.2g}"
+
+
 def cell(p):
-    sign = "" if p.get("p") is None else f", p = {p['p']:.3f}"
+    sign = "" if p.get("p") is None else f", p = {p_value(p['p'])}"
     return f"{pm(p['mean'], p['std'], '+.4f')}, {interval(p['ci95'])}{sign}, {p['verdict']}"
 
 
@@ -625,7 +630,7 @@ def iwd_report(results):
         row = {"variant": v.name, "baseline": v.baseline, "seeds": seeds, **part(diffs),
                "g": final_g(res), "alone": decay_alone(res)}
         rows.append(row)
-        p = "—" if row["p"] is None else f"{row['p']:.3f}"
+        p = p_value(row["p"])
         lines.append(f"| {v.name} | {v.baseline or ''} | {len(seeds)} "
                      f"| {pm(row['mean'], row['std'], '+.4f')} | {interval(row['ci95'])} | {p} "
                      f"| {row['verdict']} | {g(row['g']['input'])} | {g(row['g']['final'])} "
@@ -650,7 +655,7 @@ def repeat_report(results):
             continue
         row = {"split": label, "epochs": epochs, "seeds": seeds, **part(diffs)}
         rows.append(row)
-        p = "—" if row["p"] is None else f"{row['p']:.3f}"
+        p = p_value(row["p"])
         lines.append(f"| {label} | {epochs:.2f} | {len(seeds)} "
                      f"| {pm(row['mean'], row['std'], '+.4f')} | {interval(row['ci95'])} | {p} "
                      f"| {row['verdict']} |")
