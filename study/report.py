@@ -222,7 +222,7 @@ def scaling_rows(results, tokens_per_iter=TOKENS_PER_ITER, train_tokens=TRAIN_TO
         mean_curve = [float(np.mean([base[b][s]["val_loss"] for s in seeds])) for b in BUDGETS]
         fit = list(fit_budget(xs, mean_curve))
         # a fit whose E is negative, or whose alpha is at the grid's edge, says nothing (issue 33)
-        degenerate = fit[0] < 0 or not 0.02 < fit[2] < 4
+        degenerate = bool(fit[0] < 0 or not 0.02 < fit[2] < 4)   # fit: numpy floats
         fits[size] = {"budgets": xs, "iters": iters, "baseline": mean_curve, "fit": fit,
                       "degenerate": degenerate, "variants": {}}
         params = non_embedding_params(n_layer, n_embd)

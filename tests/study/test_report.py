@@ -92,3 +92,21 @@ def test_a_degenerate_budget_fit_is_flagged():
              "verdict": "—", "factor": 1.4, "factor_seeds": [1.4], "extrapolated": False,
              "degenerate": True}]
     assert "1.40x (degenerate fit)" in "\n".join(report.scaling_lines(rows))
+
+
+def test_the_scaling_report_of_the_committed_runs_is_json_with_its_degenerate_fit_flagged():
+    """The committed scaling grid's 2x64 fit is degenerate: its flag was a numpy bool, which
+    summary.json could not hold (a TypeError once the flag was added)."""
+    import glob
+    import json
+    import os
+    from conftest import ROOT
+    results = {}
+    for path in glob.glob(os.path.join(ROOT, "study", "results", "scaling", "runs", "*", "seed*",
+                                       "result.json")):
+        with open(path) as f:
+            r = json.load(f)
+        results.setdefault(r["variant"], {})[r["seed"]] = r
+    lines, data = report.scaling_report(results)
+    assert json.loads(json.dumps(data))["fits"]["2x64"]["degenerate"] is True
+    assert any("(degenerate fit)" in line for line in lines)
