@@ -345,5 +345,6 @@ while True:
                          "ms_per_iter": 1000 * dt, "tokens_per_s": tokens_per_iter / dt,
                          "mfu": mfu})
 
-if ddp:
+if ddp:   # together: a rank that tore gloo down while rank 0 still wrote aborted once (SIGABRT)
+    dist.barrier()
     dist.destroy_process_group()
