@@ -101,11 +101,11 @@ def test_the_scaling_report_of_the_committed_runs_is_json_with_its_degenerate_fi
     import json
     import os
     from conftest import ROOT
+    from study.reproduce import load_result
     results = {}
-    for path in glob.glob(os.path.join(ROOT, "study", "results", "scaling", "runs", "*", "seed*",
-                                       "result.json")):
-        with open(path) as f:
-            r = json.load(f)
+    for run_dir in glob.glob(os.path.join(ROOT, "study", "results", "scaling", "runs", "*",
+                                          "seed*")):
+        r = load_result(run_dir)
         results.setdefault(r["variant"], {})[r["seed"]] = r
     lines, data = report.scaling_report(results)
     assert json.loads(json.dumps(data))["fits"]["2x64"]["degenerate"] is True
