@@ -16,7 +16,7 @@ Attention, SwiGLU and the Mixture-of-Experts FFN (MoE) are built from these piec
 PLACEMENTS, REPARAMS and DECAY_POLICIES say what each value of sv_placement, sv_reparam and
 train.py's sv_weight_decay means; VARIANTS names the paper's combinations.
 
-First reading, lines 1-588 (tests/test_model.py keeps the count true): the
+First reading, lines 1-593 (tests/test_model.py keeps the count true): the
 operations and the tables, GPTConfig, ScaleVector, ScaledLinear, Attention, SwiGLU, Block and GPT
 up to forward. Then GPT's vector sites, decay groups and folding; the optional Mixture of Experts
 after it (a dense model, n_experts=0, never builds one); telemetry.py measures the vectors.
@@ -162,6 +162,9 @@ DECAY_POLICIES = {
     # acts on the function under DNP (DESIGN.md)
     "iwd_blocks": DecayPolicy(decays=("sv_input",)),
     "all": DecayPolicy(decays=("sv_input", "sv_final", "sv_output")),
+    # the other half of the paper's claim (our control): only the vectors after a Norm, which
+    # cannot fold (qk_norm, post_norm, DNP's g_out)
+    "owd": DecayPolicy(decays=("sv_output",)),
 }
 
 # The named variants of the paper (config/<name>_char.py, config/<name>_124m.py and the rows of
@@ -181,10 +184,12 @@ VARIANTS = {
     "or": dict(sv_reparam="or"),
     "er": dict(sv_reparam="er"),
     "iwd": dict(sv_weight_decay="iwd"),
+    "iwd_blocks": dict(sv_weight_decay="iwd_blocks"),
     "gemma_none": dict(GEMMA, sv_weight_decay="none"),
     "gemma_iwd": dict(GEMMA, sv_weight_decay="iwd"),
     "gemma_all": dict(GEMMA, sv_weight_decay="all"),
     "gemma_iwd_blocks": dict(GEMMA, sv_weight_decay="iwd_blocks"),
+    "gemma_owd": dict(GEMMA, sv_weight_decay="owd"),
     "unified": UNIFIED,
     "unified_head": dict(UNIFIED, sv_dnp_width="head"),
     "unified_novec": dict(UNIFIED, sv_placement="dnp_novec"),

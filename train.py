@@ -317,13 +317,15 @@ while True:
         step_loss += loss.detach()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
                                                grad_clip if grad_clip > 0 else float("inf"))
+    # paper 2.2: what a plain SGD step would do to the folded maps, from this step's gradients
+    sgd = telemetry.sgd_ratios(raw_model, learning_rate * factor) if before is not None else None
     optimizer_step(optimizers)   # the steps, a decay policy's own pull (DECAY_POLICIES), zero_grad
     raw_model.update_expert_bias(reduce=dist.all_reduce if ddp else None)   # MoE; else nothing
     iter_num += 1
     timed_steps += 1
     if master and before is not None:   # paper 2.2: one step of the maps the vectors precondition
         log_metrics({"kind": "precond", "iter": iter_num,
-                     "maps": telemetry.preconditioning(raw_model, before)})
+                     "maps": telemetry.preconditioning(raw_model, before, sgd)})
         before = None
 
     if iter_num % log_interval == 0 or iter_num == start_iter + 1:   # a first line at once

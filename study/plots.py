@@ -120,9 +120,11 @@ def plot_grid(out, grid, results, ci=None):
 # telemetry.preconditioning's figures (DESIGN.md "Preconditioning, measured"), per map: how to
 # read one number off a map's record, and the panel's label
 PRECOND = {"spread of g (std)": lambda m: m["g"][0],
-           # the fit needs some spread of g to be read (about 0.5%; none at init)
-           "exponent p of |dW'_j| ~ g_j^p": lambda m: m.get("update_exp") if m["g"][0] > 5e-3
-           else None,
+           # the fits need some spread of g to be read (about 0.5%; none at init)
+           "AdamW: exponent of |dW'_j| / |dW_j| (1: frozen g)":
+               lambda m: m.get("adamw_exp") if m["g"][0] > 5e-3 else None,
+           "SGD: exponent over the folded step (2: the paper's g^2)":
+               lambda m: m.get("sgd_exp") if m["g"][0] > 5e-3 else None,
            "corr(g_j, |W'_j|)": lambda m: m.get("corr_wg"),
            "spread of the column updates (cv)": lambda m: m.get("update_cv")}
 

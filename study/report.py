@@ -36,9 +36,19 @@ def mean_std(xs):
     return float(xs.mean()) if len(xs) else None, float(xs.std(ddof=1)) if len(xs) > 1 else None
 
 
-# Student's t, 97.5% quantile, for 1..10 degrees of freedom (then ~1.96): 95% intervals of paired
+# Student's t, 97.5% quantile, for 1..30 degrees of freedom; beyond, the Cornish-Fisher expansion
+# around the normal's 1.96 (within 2e-4 of the quantile from 30 on): 95% intervals of paired
 # differences
-T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+        2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060,
+        2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t975(df):
+    if df <= len(T975):
+        return T975[df - 1]
+    z = 1.959964
+    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
 
 
 def loss_of(r, full=True):
@@ -70,7 +80,7 @@ def ci95(diffs):
     mean, std = mean_std(diffs)
     if std is None:
         return None
-    half = T975[min(len(diffs) - 1, len(T975)) - 1] * std / np.sqrt(len(diffs))
+    half = t975(len(diffs) - 1) * std / np.sqrt(len(diffs))
     return [float(mean - half), float(mean + half)]
 
 
@@ -80,6 +90,25 @@ def verdict(ci):
     if ci is None:
         return "—"
     return "lower" if ci[1] < 0 else "higher" if ci[0] > 0 else "not resolved"
+
+
+MIN_SEEDS = 6   # under 6 paired seeds the exact sign-flip p is at least 2/32 > 0.05
+
+
+def claim_verdict(diffs, sign=0):
+    """The rule every claim row follows (issue 40): under MIN_SEEDS seeds "not resolved (n too
+    small for p < 0.05)"; a direction only where the 95% interval excludes 0 and the exact
+    sign-flip p is below 0.05, both: "holds" or "opposite" against the claim's sign, "lower" or
+    "higher" where there is no claim; else "not resolved"."""
+    if len(diffs) < MIN_SEEDS:
+        return "not resolved (n too small for p < 0.05)"
+    ci, p = ci95(diffs), sign_flip_p(diffs)
+    if verdict(ci) == "not resolved" or p is None or p >= 0.05:
+        return "not resolved" + (" (the interval and p disagree)"
+                                 if verdict(ci) != "not resolved" else "")
+    if not sign:
+        return verdict(ci)
+    return "holds" if np.sign(np.mean(diffs)) == sign else "opposite"
 
 
 def summarize(grid, results):
@@ -97,8 +126,11 @@ def summarize(grid, results):
             d_mean, d_std = mean_std(diffs)
             matches = None if d_mean is None or not v.sign else bool(np.sign(d_mean) == v.sign)
             row.update(paired_seeds=seeds, diff_mean=d_mean, diff_std=d_std, ci95=ci95(diffs),
+                       p=sign_flip_p(diffs),
                        agree=int(sum(np.sign(d) == v.sign for d in diffs)) if v.sign else None,
-                       verdict=verdict(ci95(diffs)), direction_matches=matches)
+                       verdict=claim_verdict(diffs, v.sign), direction_matches=matches)
+        row["code_unrecorded"] = any(code_id(c) == "unknown" for r in res.values()
+                                     for c in run_codes(r))
         rows.append(row)
     return rows
 
@@ -114,25 +146,29 @@ def interval(ci):
 def write_summary(out, rows, header, more=()):
     word = {True: "yes", False: "no", None: "—"}
     lines = [*header, "", "| variant | vs | n | val loss (mean ± std) | paired diff (mean ± std) "
-             "| 95% CI | agree | verdict (95% CI) | paper's claim | direction matches |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| 95% CI | p | agree | verdict | paper's claim | direction matches |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        diff = ci = agree = said = ""
+        diff = ci = p = agree = said = ""
         if r["baseline"]:
             diff = f"{pm(r['diff_mean'], r['diff_std'], '+.4f')} (n={len(r['paired_seeds'])})"
-            ci = interval(r["ci95"])
+            ci, p = interval(r["ci95"]), p_value(r.get("p"))
             agree = "—" if r["agree"] is None else f"{r['agree']}/{len(r['paired_seeds'])}"
             said = r["verdict"]
         loss = pm(r["val_loss_mean"], r["val_loss_std"])
-        lines.append(f"| {r['variant']} | {r['baseline'] or ''} | {r['n']} | {loss} | {diff} "
-                     f"| {ci} "
-                     f"| {agree} | {said} | {r['claim']} | {word[r.get('direction_matches')]} |")
+        name = r["variant"] + (" (code not recorded)" if r.get("code_unrecorded") else "")
+        lines.append(f"| {name} | {r['baseline'] or ''} | {r['n']} | {loss} | {diff} | {ci} "
+                     f"| {p} | {agree} | {said} | {r['claim']} "
+                     f"| {word[r.get('direction_matches')]} |")
     lines += ["", "Paired diff: variant minus its baseline, seed by seed (a seed fixes the shared "
               "initialization and the batch order). 95% CI: mean +- t(0.975, n-1) std / sqrt(n); "
-              "the verdict is the interval's: lower or higher when it excludes 0, not resolved "
-              "when it covers 0. Agree: seeds whose difference has the claimed sign. Loss: on "
-              "the whole validation split where a pair's runs have it (val_loss_full, from "
-              "issue 33 on), else on the 20 fixed batches.",
+              "p: the exact two-sided sign-flip p-value over the seeds. Verdict (report."
+              "claim_verdict): under 6 seeds not resolved (p cannot go below 0.05); otherwise a "
+              "direction (holds or opposite against the claim; lower or higher without one) only "
+              "where the interval excludes 0 and p < 0.05, else not resolved. Agree: seeds whose "
+              "difference has the claimed sign. Loss: on the whole validation split where a "
+              "pair's runs have it (val_loss_full, from issue 33 on), else on the 20 fixed "
+              "batches. (code not recorded): a row with runs older than the code record.",
               *(["", *more] if more else [])]
     from checkpoint import atomic_write   # a record: temporary name, fsync, rename
     text = "\n".join(lines) + "\n"
@@ -446,9 +482,9 @@ SPLITS = [("DNP", "dnp", "dnp_novec", "baseline"),
           ("unified", "unified", "unified_novec", "baseline")]
 
 
-def part(diffs):
+def part(diffs, sign=0):
     mean, std = mean_std(diffs)
-    return {"mean": mean, "std": std, "ci95": ci95(diffs), "verdict": verdict(ci95(diffs)),
+    return {"mean": mean, "std": std, "ci95": ci95(diffs), "verdict": claim_verdict(diffs, sign),
             "p": sign_flip_p(diffs)}
 
 
@@ -556,22 +592,35 @@ def wd_report(results):
     return lines, {"rows": rows}
 
 
+# the preconditioning record's statistics (telemetry.preconditioning), per map; an exponent is read
+# only where g has some spread (about 0.5%; none at init)
+def spread(m, key):
+    return m.get(key) if m["g"][0] > 5e-3 else None
+
+
+TELEMETRY = {"g std": lambda m: m["g"][0], "g max/min": lambda m: m["g"][2] / m["g"][1],
+             "update exponent": lambda m: spread(m, "update_exp"),
+             # over the folded model's own step: prediction 1 (AdamW), 2 (SGD), DESIGN.md
+             "AdamW exponent": lambda m: spread(m, "adamw_exp"),
+             "SGD exponent": lambda m: spread(m, "sgd_exp"),
+             "corr(g, col norm of W')": lambda m: m.get("corr_wg"),
+             "update cv": lambda m: m.get("update_cv")}
+
+
 def telemetry(res, at=-1):
-    """The preconditioning record (result.json's, issue 33) at one evaluation of a run, summed up
-    over its maps: {stat: mean over maps and seeds} for the spread of g (std, max / min), the
-    update exponent and its correlation, corr(g, ||W'_j||), and the spread of column updates."""
-    pick = {"g std": lambda m: m["g"][0], "g max/min": lambda m: m["g"][2] / m["g"][1],
-            # a fit needs some spread of g to be read (about 0.5%)
-            "update exponent": lambda m: m.get("update_exp") if m["g"][0] > 5e-3 else None,
-            "its corr": lambda m: m.get("update_corr") if m["g"][0] > 5e-3 else None,
-            "corr(g, col norm of W')": lambda m: m.get("corr_wg"),
-            "update cv": lambda m: m.get("update_cv")}
+    """The preconditioning record (result.json's) at one evaluation of a run, summed up over its
+    maps: {stat: {"mean": over seeds of the mean over maps, "ci95": over seeds}}."""
     out = {}
-    for stat, f in pick.items():
-        xs = [f(m) for r in res.values() if r.get("preconditioning")
-              for m in r["preconditioning"][at][1].values()]
-        xs = [x for x in xs if x is not None]
-        out[stat] = float(np.mean(xs)) if xs else None
+    for stat, f in TELEMETRY.items():
+        per_seed = []
+        for r in res.values():
+            xs = [f(m) for m in (r["preconditioning"][at][1].values()
+                                 if r.get("preconditioning") else ())]
+            xs = [x for x in xs if x is not None]
+            if xs:
+                per_seed.append(float(np.mean(xs)))
+        out[stat] = {"mean": float(np.mean(per_seed)) if per_seed else None,
+                     "ci95": ci95(per_seed)}
     return out
 
 
@@ -580,14 +629,18 @@ def telemetry_lines(results):
             if any(r.get("preconditioning") for r in res.values())}
     if not rows:
         return []
-    stats = list(next(iter(rows.values())))
-    f = lambda x: "—" if x is None else f"{x:.3f}"   # noqa: E731
+    f = lambda x: "—" if x["mean"] is None else f"{x['mean']:.3f}" + (   # noqa: E731
+        "" if x["ci95"] is None else " [{:.3f}, {:.3f}]".format(*x["ci95"]))
     return ["", "## The preconditioning, measured (DESIGN.md's predictions)", "",
             "At the last evaluation, over the step after it: the mean over the maps a vector "
-            "feeds (q|k|v, gate|up, the head) and the seeds. `precond.png`: the same over "
-            "training.", "", "| variant | " + " | ".join(stats) + " |",
-            "|---" * (len(stats) + 1) + "|",
-            *[f"| {n} | " + " | ".join(f(row[s]) for s in stats) + " |" for n, row in rows.items()]]
+            "feeds (q|k|v, gate|up, the head), then over the seeds, with the 95% interval over "
+            "the seeds. Update exponent: p of ||dW'_j|| ~ g_j^p; AdamW exponent: the same of "
+            "||dW'_j|| over the folded model's own step ||dW_j|| (1 for a frozen g); SGD "
+            "exponent: of what a plain SGD step would move W'_j by, over the folded model's own "
+            "SGD step (2 for a frozen g: the paper's g_j^2). `precond.png`: over training.", "",
+            "| variant | " + " | ".join(TELEMETRY) + " |", "|---" * (len(TELEMETRY) + 1) + "|",
+            *[f"| {n} | " + " | ".join(f(row[s]) for s in TELEMETRY) + " |"
+              for n, row in rows.items()]]
 
 
 def power_report(results):
@@ -612,30 +665,98 @@ def decay_alone(res):
     return float(np.prod(1 - lrs * decay))
 
 
-def iwd_report(results):
-    from study.grids import iwd_grid
+def decay_table(grid, results, title):
+    """A decay grid's pairs with the final mean of g per class and what decay alone makes of g."""
     g = lambda x: "—" if x is None else f"{x:.3f}"   # noqa: E731
-    lines = ["## IWD where it can act: vectors at 1.0, matrices at 0.1", "",
+    lines = [title, "",
              "Final mean of `g` per class (averaged over the seeds), beside what decay alone "
              "would make of a vector at 1 that the loss did not resist (the run's schedule).", "",
              "| variant | vs | n | diff (mean ± std) | 95% CI | p | verdict | g, blocks' "
              "Input-Norms | g_final | g, Output-Norms | decay alone |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     rows = []
-    for v in iwd_grid():
+    for v in grid:
         if v.name not in results:
             continue
         res = results[v.name]
         seeds, diffs = paired_diffs(res, results.get(v.baseline, {})) if v.baseline else ([], [])
-        row = {"variant": v.name, "baseline": v.baseline, "seeds": seeds, **part(diffs),
-               "g": final_g(res), "alone": decay_alone(res)}
+        row = {"variant": v.name, "baseline": v.baseline, "seeds": seeds, "claim": v.claim,
+               **part(diffs, v.sign), "g": final_g(res), "alone": decay_alone(res)}
         rows.append(row)
-        p = p_value(row["p"])
         lines.append(f"| {v.name} | {v.baseline or ''} | {len(seeds)} "
-                     f"| {pm(row['mean'], row['std'], '+.4f')} | {interval(row['ci95'])} | {p} "
-                     f"| {row['verdict']} | {g(row['g']['input'])} | {g(row['g']['final'])} "
+                     f"| {pm(row['mean'], row['std'], '+.4f')} | {interval(row['ci95'])} "
+                     f"| {p_value(row['p'])} | {row['verdict'] if v.baseline else ''} "
+                     f"| {g(row['g']['input'])} | {g(row['g']['final'])} "
                      f"| {g(row['g']['output'])} | {row['alone']:.3f} |")
     return lines, {"rows": rows}
+
+
+def iwd_report(results):
+    from study.grids import iwd_grid
+    return decay_table(iwd_grid(), results,
+                       "## IWD where it can act: vectors at 1.0, matrices at 0.1")
+
+
+def decay_report(results):
+    from study.grids import decay_grid
+    return decay_table(decay_grid(), results,
+                       "## Weight decay and the Norm's kind: the plain Pre-Norm model (IWD), the "
+                       "Gemma-style one (Output-Norm vectors only)")
+
+
+def tuned_pairs(results):
+    """The tuned grid (issue 40): each pair at the same rate (1e-3, every seed), and each family at
+    its best rate of TUNE_LRS by the mean loss over TUNE_SEEDS, paired with its baseline family at
+    that one's best rate on the other seeds only (the seeds that picked the rates are left out).
+    (picks {family: {"losses": {lr: mean}, "best": lr, "edge": bool}}, pair rows)."""
+    from study.grids import TUNE_LRS, TUNE_SEEDS, TUNED_FAMILIES, TUNED_PAIRS
+    name = lambda f, lr: f if lr == "1e-3" else f"{f}_lr{lr}"   # noqa: E731
+    picks = {}
+    for f in TUNED_FAMILIES:
+        by = {lr: float(np.mean([loss_of(results[name(f, lr)][s]) for s in TUNE_SEEDS]))
+              for lr in TUNE_LRS if all(s in results.get(name(f, lr), {}) for s in TUNE_SEEDS)}
+        if by:
+            best = min(by, key=by.get)
+            picks[f] = {"losses": by, "best": best,
+                        "edge": best in (TUNE_LRS[0], TUNE_LRS[-1])}
+    rows = []
+    for f, (base, claim, sign) in TUNED_PAIRS.items():
+        if not results.get(f) or not results.get(base):
+            continue
+        seeds, diffs = paired_diffs(results[f], results[base])
+        rows.append({"variant": f, "baseline": base, "rates": ["1e-3", "1e-3"], "claim": claim,
+                     "seeds": seeds, **part(diffs, sign)})
+        if f in picks and base in picks:
+            a, b = name(f, picks[f]["best"]), name(base, picks[base]["best"])
+            left = lambda res: {s: r for s, r in res.items() if s not in TUNE_SEEDS}  # noqa: E731
+            seeds, diffs = paired_diffs(left(results.get(a, {})), left(results.get(b, {})))
+            if seeds:
+                rows.append({"variant": a, "baseline": b, "claim": claim, "seeds": seeds,
+                             "rates": [picks[f]["best"], picks[base]["best"]],
+                             **part(diffs, sign)})
+    return picks, rows
+
+
+def tuned_report(results):
+    from study.grids import TUNE_LRS, TUNE_SEEDS
+    picks, rows = tuned_pairs(results)
+    seeds = ", ".join(map(str, TUNE_SEEDS))
+    lines = ["## Removing the vectors, and DNP's vector, at the same rate and tuned", "",
+             f"Mean validation loss over seeds {seeds}, which pick each family's rate "
+             "(**bold**; (edge): at the end of the sweep) and are then left out of the tuned "
+             "pairs.", "", "| family | " + " | ".join(TUNE_LRS) + " |",
+             "|---" * (len(TUNE_LRS) + 1) + "|"]
+    for f, p in picks.items():
+        cells = [("**%.4f**" if lr == p["best"] else "%.4f") % p["losses"][lr]
+                 + (" (edge)" if lr == p["best"] and p["edge"] else "")
+                 if lr in p["losses"] else "—" for lr in TUNE_LRS]
+        lines.append(f"| {f} | " + " | ".join(cells) + " |")
+    lines += ["", "| variant | vs | rates | n | diff (mean ± std) | 95% CI | p | verdict "
+              "| paper's claim |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['variant']} | {r['baseline']} | {r['rates'][0]} / {r['rates'][1]} "
+              f"| {len(r['seeds'])} | {pm(r['mean'], r['std'], '+.4f')} | {interval(r['ci95'])} "
+              f"| {p_value(r['p'])} | {r['verdict']} | {r['claim']} |" for r in rows]
+    return lines, {"picks": picks, "pairs": rows}
 
 
 def repeat_report(results):
@@ -648,12 +769,15 @@ def repeat_report(results):
              "| training split | epochs | n | gap (mean ± std) | 95% CI | p | verdict |",
              "|---|---|---|---|---|---|---|"]
     rows = []
-    for tag, label, epochs in (("", "whole", 1.51), ("_half", "first half", 3.02)):
+    for tag, label in (("", "whole"), ("_half", "first half")):
         a, b = results.get(f"unified_5x160{tag}", {}), results.get(f"baseline_5x160{tag}", {})
         seeds, diffs = paired_diffs(a, b)
         if not seeds:
             continue
-        row = {"split": label, "epochs": epochs, "seeds": seeds, **part(diffs)}
+        args = a[seeds[0]]["args"]
+        read = int(arg_value(args, "train_tokens", "0")) or TRAIN_TOKENS
+        epochs = int(arg_value(args, "max_iters")) * TOKENS_PER_ITER / read
+        row = {"split": label, "epochs": epochs, "seeds": seeds, **part(diffs, -1)}
         rows.append(row)
         p = p_value(row["p"])
         lines.append(f"| {label} | {epochs:.2f} | {len(seeds)} "
@@ -665,7 +789,7 @@ def repeat_report(results):
 # grids with more to say than the paired table: (markdown lines, data for summary.json and plots)
 REPORTS = {"lr": lr_report, "scaling": scaling_report, "default": default_report, "wd": wd_report,
            "regime": regime_report, "power": power_report, "iwd": iwd_report,
-           "repeat": repeat_report}
+           "repeat": repeat_report, "tuned": tuned_report, "decay": decay_report}
 
 
 # ---- wall-clock efficiency from the curves (BENCHMARKS.md) -------------------------------------

@@ -153,8 +153,9 @@ def train_tokens(dataset):
 
 def run_epochs(v, args, extra):
     """How many times a CPU run reads its training set (None when it is not prepared)."""
-    cfg = train_config(v.config, tuple(v.overrides + extra))
+    cfg = train_config(v.config, tuple(args))
     n = train_tokens(cfg["dataset"])
+    n = min(n, cfg["train_tokens"] or n) if n else n   # --train_tokens reads a part of it
     iters = int(arg_value(args, "max_iters"))
     per_iter = cfg["gradient_accumulation_steps"] * cfg["batch_size"] * cfg["block_size"]
     return iters * per_iter / n if n else None

@@ -53,26 +53,77 @@ def test_pairs_use_the_whole_val_split_when_both_runs_have_it():
 
 def precond(g_std, exp):
     return [[0, {"head": {"g": [0.0, 1, 1, 1, 1, 1], "corr_wg": None, "update_exp": 9.0,
-                          "update_corr": None, "update_cv": 0.1}}],
+                          "adamw_exp": 9.0, "sgd_exp": 9.0, "update_cv": 0.1}}],
             [10, {"head": {"g": [g_std, 0.8, 1.2, 0.9, 1, 1.1], "corr_wg": 0.5,
-                           "update_exp": exp, "update_corr": 0.9, "update_cv": 0.2}}]]
+                           "update_exp": exp, "adamw_exp": exp, "sgd_exp": 2 * exp,
+                           "update_cv": 0.2}}]]
 
 
 def test_the_power_report_splits_dnp_with_p_values_and_reads_the_telemetry(tmp_path):
     seeds = range(1, 7)
     results = {name: {s: {"val_loss": base + 0.001 * s, "curve": [[0, 4.0], [10, base]],
-                          "preconditioning": precond(0.02, 1.0 + 0.1 * (name == "dnp"))}
+                          "preconditioning": precond(0.02, 1.0 + 0.1 * (name == "dnp")
+                                                     + 0.01 * s)}
                       for s in seeds}
                for name, base in (("baseline", 2.0), ("dnp", 1.95), ("dnp_novec", 1.96))}
     lines, data = report.power_report(results)
     (split,) = data["splits"]
     assert split["vector"]["mean"] == pytest.approx(-0.01) and split["vector"]["p"] == 2 / 64
     text = "\n".join(lines)
-    assert "p = 0.031" in text and "| dnp | 0.020 | 1.500 | 1.100 | 0.900 | 0.500 | 0.200 |" in text
+    # exponents 1.11 ... 1.16 over the 6 seeds: mean 1.135, +- t(0.975, 5) 0.0187 / sqrt(6)
+    assert "p = 0.031" in text and ("| dnp | 0.020 [0.020, 0.020] | 1.500 [1.500, 1.500] | 1.135 [1.115, 1.155] | "
+                                   in text)
     # the exponent is read only where g has spread: not at init
-    assert report.telemetry(results["dnp"], at=0)["update exponent"] is None
+    assert report.telemetry(results["dnp"], at=0)["update exponent"]["mean"] is None
     plots.plot_preconditioning(plots.pyplot(), tmp_path / "precond.png", results)
     assert (tmp_path / "precond.png").stat().st_size > 0
+
+
+def test_a_claim_needs_6_seeds_and_the_interval_and_p_to_agree():
+    """Issue 40: under 6 seeds the exact sign-flip p is at least 2/32, so no direction; at 6 of
+    one sign p = 2/64 and the interval excludes 0: holds (or opposite, against the claim); an
+    interval that excludes 0 with p >= 0.05 is not a result."""
+    five = [-0.01, -0.012, -0.011, -0.009, -0.013]
+    assert report.claim_verdict(five, -1) == "not resolved (n too small for p < 0.05)"
+    six = five + [-0.01]
+    assert report.claim_verdict(six, -1) == "holds" and report.claim_verdict(six, +1) == "opposite"
+    assert report.claim_verdict(six) == "lower"
+    # the interval [0.29, 1.31] excludes 0; flipping the -0.2 too reaches the sum: p = 4/64
+    skewed = [1.0, 1.0, 1.0, 1.0, 1.0, -0.2]
+    assert report.ci95(skewed)[0] > 0 and report.sign_flip_p(skewed) >= 0.05
+    assert report.claim_verdict(skewed, +1) == "not resolved (the interval and p disagree)"
+
+
+def test_the_t_quantile_beyond_10_degrees_of_freedom():
+    """Issue 40: 12 seeds take t(0.975, 11) = 2.201, not the table's last entry (2.228, intervals
+    1.2% too wide); beyond the table, within 2e-4 of the quantile."""
+    assert report.t975(11) == 2.201 and report.t975(30) == 2.042
+    assert report.t975(40) == pytest.approx(2.021, abs=2e-4)
+    assert report.t975(120) == pytest.approx(1.980, abs=2e-4)
+
+
+def result(loss, seed):
+    return {"val_loss": loss, "val_loss_full": loss, "seed": seed}
+
+
+def test_the_tuned_pairs_leave_out_the_seeds_that_picked_the_rates():
+    """Each family's rate is picked by its mean over TUNE_SEEDS, and only the other seeds pair."""
+    from study.grids import TUNE_LRS, TUNE_SEEDS
+    results = {}
+    for lr in TUNE_LRS:
+        for family, best in (("baseline", "1e-3"), ("noscale", "2e-3")):
+            name = family if lr == "1e-3" else f"{family}_lr{lr}"
+            # seeds 1, 2 say `best`; the later seeds say nothing of the rate (they must not pick)
+            results[name] = {s: result(2.0 - 0.1 * (lr == best) * (s in TUNE_SEEDS)
+                                       + 0.01 * (family == "noscale") + 0.001 * s, s)
+                             for s in range(1, 9)}
+    picks, rows = report.tuned_pairs(results)
+    assert picks["baseline"]["best"] == "1e-3" and picks["noscale"]["best"] == "2e-3"
+    same, tuned = rows
+    assert same["seeds"] == list(range(1, 9)) and same["rates"] == ["1e-3", "1e-3"]
+    assert tuned["variant"] == "noscale_lr2e-3" and tuned["baseline"] == "baseline"
+    assert tuned["seeds"] == list(range(3, 9)) and tuned["mean"] == pytest.approx(0.01)
+    assert tuned["verdict"] == "holds"
 
 
 def test_decay_alone_follows_the_runs_schedule():

@@ -83,7 +83,10 @@ def test_tiny_grid_summary_matches_metrics_failures_rerun_and_restart_trains_not
     assert abs(rows["hg"]["diff_std"] - statistics.stdev(diffs)) < 1e-12
     half = 12.706 * statistics.stdev(diffs) / 2 ** 0.5   # t(0.975, 1 degree of freedom)
     lo, hi = statistics.mean(diffs) - half, statistics.mean(diffs) + half
-    assert rows["hg"]["verdict"] == ("lower" if hi < 0 else "higher" if lo > 0 else "not resolved")
+    assert report.verdict([lo, hi]) == ("lower" if hi < 0 else "higher" if lo > 0
+                                        else "not resolved")
+    assert rows["hg"]["ci95"] == pytest.approx([lo, hi], abs=1e-12)
+    assert rows["hg"]["verdict"] == "not resolved (n too small for p < 0.05)"   # 2 seeds
     assert rows["hg"]["direction_matches"] == (statistics.mean(diffs) < 0)
     md = (workdir / "res" / "summary.md").read_text()
     assert (f"{statistics.mean(diffs):+.4f} ± {statistics.stdev(diffs):.4f}" in md
@@ -409,7 +412,7 @@ def test_regime_rows_pair_unified_with_the_baseline_of_its_size_and_tokens_per_p
         gap = -0.1 if v.name.startswith("unified") else 0.0
         args = ["--max_iters=" + v.overrides[0].split("=")[1]]
         results[v.name] = {s: dict(fake(2.0 + gap + 0.01 * s, s), args=args, epochs=0.5)
-                           for s in (1, 2, 3)}
+                           for s in range(1, 7)}   # 6 seeds: a verdict (report.MIN_SEEDS)
     rows = report.regime_rows(results)
     assert [(r["size"], r["tokens_per_param"]) for r in rows] == [
         (s, t) for s in grids.REGIME_SIZES for t in (1.0, 10.0, 30.0)]
@@ -620,11 +623,13 @@ def expected_config(name):
     words, want = name.split("_"), {}
     if words[0] == "moe":
         words, want["n_experts"] = words[1:], lambda n: n > 0
-    head = words[0]
-    if head == "gemma":   # gemma_<policy>: the longest policy its words name (iwd_blocks)
-        n = max(i for i in range(2, len(words) + 1)
-                if "_".join(words[1:i]) in model_py.DECAY_POLICIES)
-        head, want["sv_weight_decay"], words = "gemma", "_".join(words[1:n]), words[n - 1:]
+    head, lead = words[0], int(words[0] == "gemma")
+    # [gemma_]<policy>: the longest decay policy its words name (iwd_blocks)
+    n = max((i for i in range(lead + 1, len(words) + 1)
+             if "_".join(words[lead:i]) in model_py.DECAY_POLICIES), default=None)
+    if n is not None:
+        head = "gemma" if lead else "baseline"
+        want["sv_weight_decay"], words = "_".join(words[lead:n]), [head, *words[n:]]
     assert head in VARIANTS, (
         f"grid row {name!r}: {head!r} is not a named variant (tests/helpers.py VARIANTS)")
     want.update(VARIANTS[head])
