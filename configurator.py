@@ -11,20 +11,20 @@ stand alone: --compile means --compile=True (write --compile=False to turn it of
 -h/--help lists the keys.
 Config files are Python and are executed: run only config files you trust.
 
-    config = configure({k: globals()[k] for k in config_keys}, sys.argv[1:], TRAIN_RULES)
+    config = configure(DEFAULTS, sys.argv[1:], TRAIN_RULES, PAIR_RULES)
 
-TRAIN_RULES is the one table of the values train.py allows, checked before it writes anything.
+train.py's keys, defaults and rules are config/defaults.py; this module is the parser and the
+kinds of rule (at_least, one_of, key_of, ...), and imports nothing of the project.
 """
 import ast
-import math
 import difflib
+import math
 import os
 import re
 import runpy
 import sys
 import types
 
-from model import DECAY_POLICIES
 
 
 class ConfigError(ValueError):
@@ -90,9 +90,10 @@ def _parse(key, raw, default):
                           f"could not parse {raw!r} (from --{key}={raw})") from None
 
 
-def configure(defaults: dict, argv: list, rules=None) -> dict:
+def configure(defaults: dict, argv: list, rules=None, pair_rules=()) -> dict:
     """Return a copy of defaults updated by each config file in argv (positional
-    args, in order) and then by each --key=value; each value then meets its rule."""
+    args, in order) and then by each --key=value; each value then meets its rule, and the
+    config every rule on several keys (PAIR_RULES)."""
     if "-h" in argv or "--help" in argv:
         for k in sorted(defaults):
             print(f"--{k}={defaults[k]!r}  ({type(defaults[k]).__name__})")
@@ -122,7 +123,18 @@ def configure(defaults: dict, argv: list, rules=None) -> dict:
     for key, (ok, allowed) in (rules or {}).items():
         if key in config and not ok(config[key]):
             raise ConfigError(f"{key}={config[key]!r} is out of range: it must be {allowed}")
+    for ok, why in pair_rules:
+        if not ok(config):
+            raise ConfigError(why(config))
     return config
+
+
+def default_device():
+    """cuda, then mps, then cpu: what train.py, sample.py and bench.py use unless told otherwise."""
+    import torch
+    if torch.cuda.is_available():
+        return "cuda"
+    return "mps" if torch.backends.mps.is_available() else "cpu"
 
 
 # ---- allowed values ------------------------------------------------------------------------------
@@ -148,60 +160,27 @@ def one_of(*values):
 boolean = (lambda v: isinstance(v, bool), "True or False")
 
 
-def model_table(name):
-    """A key of one of model.py's tables (PLACEMENTS, REPARAMS, DNP_WIDTHS), the one list."""
-    def ok(v):
-        import model   # here: prepare_data.py need not import torch to use this module
-        return v in getattr(model, name)
-    return (ok, f"a key of model.{name}")
+def key_of(table, name):
+    """A key of one of model.py's tables (PLACEMENTS, REPARAMS, ...), read when checked: a fork's
+    new entry is allowed as soon as it is in the table."""
+    class Keys:
+        def __str__(self):
+            return f"one of {', '.join(map(repr, table))} (model.{name})"
+    return (lambda v: v in table, Keys())
 
 
 DEVICE = re.compile(r"(cpu|cuda(:\d+)?|mps)?")
 DATASET = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")   # one folder under data/: no "..", no "/"
 
-TRAIN_RULES = {
-    "out_dir": (lambda v: v.strip() != "", "a folder name"),
-    "init_from": one_of("scratch", "resume"),
-    "eval_interval": at_least(1), "eval_iters": at_least(1),
-    "log_interval": at_least(1), "keep_checkpoints": at_least(1),
-    "dataset": (lambda v: DATASET.fullmatch(v) is not None,
-                "one folder name under data/ (letters, digits, _ . -)"),
-    "batch_size": at_least(1), "gradient_accumulation_steps": at_least(1),
-    "block_size": at_least(1), "vocab_pad": at_least(1),
-    "n_layer": at_least(1), "n_head": at_least(1), "n_embd": at_least(1),
-    "optimizer": one_of("adamw", "muon"),
-    "learning_rate": above(0), "muon_lr": at_least(0), "muon_momentum": fraction(),
-    "max_iters": at_least(0),
-    "weight_decay": at_least(0), "sv_weight_decay": one_of(*DECAY_POLICIES),
-    "sv_decay": (lambda v: v == -1 or math.isfinite(v) and v >= 0, ">= 0, or -1 (weight_decay)"),
-    "train_tokens": at_least(0), "final_eval": boolean, "wandb_log": boolean,
-    "wandb_project": (lambda v: v.strip() != "", "a project name"),
-    "wandb_run_name": (lambda v: True, "any name ('': out_dir's)"),
-    "beta1": fraction(), "beta2": fraction(), "grad_clip": at_least(0),
-    "lr_schedule": one_of("cosine", "wsd", "constant"),
-    "warmup_iters": at_least(0), "lr_decay_iters": at_least(0), "min_lr": at_least(0),
-    "wsd_decay_frac": fraction(hi_open=False), "wsd_shape": one_of("linear", "1-sqrt"),
-    "device": (lambda v: DEVICE.fullmatch(v) is not None,
-               "'' (pick one), 'cpu', 'cuda', 'cuda:N' or 'mps'"),
-    "dtype": one_of("", "float32", "bfloat16", "float64"), "mfu_peak_flops": at_least(0),
-    "overwrite": boolean, "resume_fallback": boolean, "compile": boolean,
-    "seed": (lambda v: 0 <= v < 2**63, "in [0, 2**63)"),   # numpy takes no negative seed
-    # the model's keys (model.GPTConfig's fields); GPTConfig also checks how they combine
-    "mlp_hidden": at_least(0), "rope_theta": above(0), "norm_eps": above(0),
-    "tie_embeddings": boolean, "scale_vectors": boolean, "sv_hetero": boolean,
-    "qk_norm": boolean, "post_norm": boolean,
-    "sv_placement": model_table("PLACEMENTS"), "sv_reparam": model_table("REPARAMS"),
-    "sv_dnp_width": model_table("DNP_WIDTHS"),
-    "n_experts": at_least(0), "n_experts_active": at_least(1), "n_shared_experts": at_least(0),
-    "moe_hidden": at_least(0), "moe_dense_layers": at_least(0),
-    "moe_router": one_of("softmax", "sigmoid"), "moe_balance": one_of("bias", "aux"),
-    "moe_bias_rate": at_least(0), "moe_aux_weight": at_least(0),
-}
+# a string that names a folder, and one that names a device
+folder = (lambda v: v.strip() != "", "a folder name")
+device_name = (lambda v: DEVICE.fullmatch(v) is not None,
+               "'' (pick one), 'cpu', 'cuda', 'cuda:N' or 'mps'")
 
 # sample.py's: temperature 0 is greedy decoding, top_k 0 keeps every token
-SAMPLE_RULES = {"out_dir": TRAIN_RULES["out_dir"], "num_samples": at_least(1),
+SAMPLE_RULES = {"out_dir": folder, "num_samples": at_least(1),
                 "max_new_tokens": at_least(1), "temperature": at_least(0), "top_k": at_least(0),
-                "device": TRAIN_RULES["device"]}
+                "device": device_name}
 
 
 def differing_configs(configs):
@@ -222,8 +201,7 @@ def check_device(device):
     """'' or a device this machine has, else ConfigError: --device=cuda on a machine without CUDA is
     one sentence."""
     if DEVICE.fullmatch(device) is None:
-        raise ConfigError(f"device={device!r} is out of range: it must be "
-                          f"{TRAIN_RULES['device'][1]}")
+        raise ConfigError(f"device={device!r} is out of range: it must be {device_name[1]}")
     import torch
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"device={device!r} but this machine has no CUDA device torch can use: "

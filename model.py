@@ -1,25 +1,22 @@
 """
 A short Pre-Norm GPT in the Llama style (RMSNorm, RoPE, SwiGLU, no biases) with a flag for each
 scale-vector variant of arXiv:2605.26895, "Negligible in Size, Significant in Effect: On Scale
-Vectors in Large Language Models". DESIGN.md gives the definitions this file implements and the
-choices it makes.
+Vectors in Large Language Models" (DESIGN.md: the definitions and the choices made).
 
-Notation: Norm(x) = x / sqrt(mean(x^2) + eps) has no parameter; a scale vector g multiplies it:
-g * Norm(x). Every variant is made of three pieces, in this order below:
+Norm(x) = x / sqrt(mean(x^2) + eps) has no parameter; a scale vector g multiplies it. Every variant
+is made of three pieces:
   ScaleVector   a learnable vector, plain or reparameterized (OR / ER), that declares where it acts:
                 the linear map it folds into, or that a Norm sits between (it cannot fold);
-  ScaledLinear  a linear map fed by Norm(x) with the vectors that meet it: g_in on its input side,
-                g_out on its output side (DP, DNP): y = g_out * W(g_in * Norm(x)), computed as
-                (W * g_out g_in^T) Norm(x) once per step instead of per token;
+  ScaledLinear  a linear map fed by Norm(x), with g_in on its input side and g_out on its output
+                side: g_out * W(g_in * Norm(x)), computed under DP as (W * g_out g_in^T) Norm(x),
+                the vectors folded into the weight once per step; under DNP g_out * Norm(W(...));
   OutputNorm    g * Norm(x) where no linear map follows (qk_norm, post_norm).
-Attention, SwiGLU and the Mixture-of-Experts FFN (MoE) are built from these pieces. The tables
-PLACEMENTS, REPARAMS and DECAY_POLICIES say what each value of sv_placement, sv_reparam and
-train.py's sv_weight_decay means; VARIANTS names the paper's combinations.
+The tables PLACEMENTS and REPARAMS say what each value of sv_placement and sv_reparam means.
 
-First reading, lines 1-593 (tests/test_model.py keeps the count true): the
-operations and the tables, GPTConfig, ScaleVector, ScaledLinear, Attention, SwiGLU, Block and GPT
-up to forward. Then GPT's vector sites, decay groups and folding; the optional Mixture of Experts
-after it (a dense model, n_experts=0, never builds one); telemetry.py measures the vectors.
+First reading: from here to the end of GPT.forward (the operations, the tables, GPTConfig, the
+three pieces, Attention, SwiGLU, Block, GPT). Then GPT's decay groups and folding, and the optional
+Mixture of Experts (n_experts > 0). The named variants are config/variants.py; telemetry.py
+measures the vectors.
 """
 import math
 from dataclasses import dataclass, fields, replace
@@ -33,24 +30,16 @@ import torch.nn.functional as F
 # ---- the operations: plain PyTorch, what runs everywhere (speed: torch.compile) ----------------
 
 def norm(x, eps):
-    """Norm(x) = x / sqrt(mean(x^2) + eps) over the last dimension, no parameter; the statistic in
-    at least float32 (Llama)."""
+    """Norm(x) over the last dimension, no parameter; the statistic in at least float32."""
     xf = x.float() if x.element_size() < 4 else x
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-def scaled_norm(y, g, eps):
-    """g * Norm(y), DNP's output side (paper 3.2), in y's dtype; g broadcasts over y's leading
-    dimensions."""
-    return (g * norm(y, eps)).to(y.dtype)
-
-
 def output_norm(y, g, groups, eps):
     """DNP's output side (paper 3.2): g * Norm(.) of each group of y's last dimension, y (..., d)
-    split as `groups` (blocks, groups per block, group), in y's shape; g None: the Norm alone
-    (dnp_novec)."""
+    split as `groups` (blocks, groups per block, group); g None: the Norm alone (dnp_novec)."""
     yg = y.unflatten(-1, groups)   # (..., d) -> (..., blocks, groups per block, group)
-    out = norm(yg, eps) if g is None else scaled_norm(yg, g, eps)
+    out = norm(yg, eps) if g is None else (g * norm(yg, eps)).to(y.dtype)
     return out.flatten(-len(groups))
 
 
@@ -68,10 +57,10 @@ def cross_entropy(logits, targets):
 
 
 def fold(W, g, side):
-    """W (..., out, in) with g (rows, width) folded into its "columns", W diag(g), or its "rows",
-    diag(g) W: a row of g per equal block of W's rows (HG: q, k, v), a column-side entry over
+    """W (..., out, in) with g (rows, width) folded in: "columns", W diag(g), or "rows", diag(g) W.
+    A row of g per equal block of W's rows (HG: q, k, v); on the columns an entry of g covers
     in / width adjacent columns (e.g. one per head)."""
-    Wb = W.reshape(len(g), -1, W.size(-1))
+    Wb = W.reshape(len(g), -1, W.size(-1))   # (..., out, in) -> (rows of g, out per row, in)
     if side == "rows":
         return (Wb * g.unsqueeze(2)).view_as(W)
     if g.size(-1) != W.size(-1):
@@ -82,45 +71,44 @@ def fold(W, g, side):
 # ---- the variants, one table entry each ----------------------------------------------------------
 
 class Placement(NamedTuple):
-    # kind of the output-side vector g_out: None (there is none), "input" (it folds into W's rows),
-    # "output" (a Norm sits between W and it: it cannot fold)
+    # what the output-side vector g_out is: None (there is none), "folded" (it multiplies W's rows
+    # and folds into them, DP) or "after_norm" (a Norm stands between W and it, DNP: it cannot fold)
     g_out: Optional[str]
     norm: bool   # a Norm follows the map: y = g_out * Norm(W(...)), per head for q, k, v
 
 
-# paper 3.2: what meets a linear map fed by an Input-Norm (q, k, v; gate, up); ScaledLinear reads
-# only this
+# paper 3.2: what meets a linear map fed by an Input-Norm (q, k, v; gate, up)
 PLACEMENTS = {
-    # y = W(g_in * Norm(x))
-    "pre": Placement(g_out=None, norm=False),
-    # y = g_out * W(g_in * Norm(x)) = (diag(g_out) W diag(g_in)) Norm(x)
-    "dp": Placement(g_out="input", norm=False),
-    # y = g_out * Norm(W(g_in * Norm(x)))
-    "dnp": Placement(g_out="output", norm=True),
-    # the control of DNP (our choice): its Norm after the map without its vector, g_out fixed at 1
-    # y = Norm(W(g_in * Norm(x)))
-    "dnp_novec": Placement(g_out=None, norm=True),
+    "pre": Placement(g_out=None, norm=False),            # y = W(g_in * Norm(x))
+    "dp": Placement(g_out="folded", norm=False),         # y = (diag(g_out) W diag(g_in)) Norm(x)
+    "dnp": Placement(g_out="after_norm", norm=True),     # y = g_out * Norm(W(g_in * Norm(x)))
+    # DNP's control (our choice): its Norm after the map, g_out fixed at 1
+    "dnp_novec": Placement(g_out=None, norm=True),       # y = Norm(W(g_in * Norm(x)))
 }
+
+
+def check_placement(name, p):
+    """An entry ScaledLinear cannot apply would train an inert vector: refused (paper 2.2: a vector
+    after a Norm cannot fold, one right after W can)."""
+    if p.g_out not in (None, "folded", "after_norm") or (p.g_out == "after_norm") != (
+            p.norm and p.g_out is not None):
+        raise ValueError(f"PLACEMENTS[{name!r}] = {p} is not built by ScaledLinear: g_out is None, "
+                         "'folded' (no Norm after the map) or 'after_norm' (norm=True)")
 
 
 class Reparam(NamedTuple):
     # raw parameter name -> (shape, init). shape: "vector" (d entries per row), "direction" (d
     # entries per row, of which only the direction counts: a fixed buffer when d == 1, where there
-    # is no direction to learn), "scalar" (one per row). init: the raw value where every g is t, a
-    # number or a function of (norm_eps, t); t = 1 at init (tests/test_variant_tables.py checks g
-    # is then exactly 1), a decay policy's target otherwise (ScaleVector.raw_at).
+    # is no direction to learn), "scalar" (one per row). init: a number, or a function of norm_eps,
+    # that makes g exactly 1 (tests/test_variant_tables.py checks it)
     params: dict
     # (raw parameters {name: (rows, d or 1)}, norm_eps) -> the effective vectors g, (rows, d)
     g: callable
 
 
-def plain_g(p, eps):
-    return p["g"]
-
-
 def or_g(p, eps):
     """OR (paper 3.3): a magnitude beta times a unit-RMS direction Norm(alpha)."""
-    return scaled_norm(p["alpha"], p["beta"], eps)
+    return (p["beta"] * norm(p["alpha"], eps)).to(p["alpha"].dtype)
 
 
 def er_g(p, eps):
@@ -128,73 +116,18 @@ def er_g(p, eps):
     return torch.exp(p["beta"] + p["alpha"] - p["alpha"].mean(-1, keepdim=True))
 
 
-# paper 3.3: how a scale vector is parameterized; ScaleVector reads only this
+# paper 3.3: how a scale vector is parameterized
 REPARAMS = {
-    "none": Reparam(params=dict(g=("vector", lambda eps, t: t)), g=plain_g),
-    # beta = sqrt(1 + eps) at init: Norm(alpha) = 1 / sqrt(1 + eps) for alpha = 1, so g is exactly 1
+    "none": Reparam(params=dict(g=("vector", 1.0)), g=lambda p, eps: p["g"]),
+    # beta = sqrt(1 + eps): Norm(alpha) = 1 / sqrt(1 + eps) for alpha = 1, so g is exactly 1
     "or": Reparam(params=dict(alpha=("direction", 1.0),
-                              beta=("scalar", lambda eps, t: t * math.sqrt(1 + eps))), g=or_g),
-    "er": Reparam(params=dict(alpha=("direction", 0.0),
-                              beta=("scalar", lambda eps, t: math.log(t))), g=er_g),
+                              beta=("scalar", lambda eps: math.sqrt(1 + eps))), g=or_g),
+    "er": Reparam(params=dict(alpha=("direction", 0.0), beta=("scalar", 0.0)), g=er_g),
 }
 
 # width of DNP's g_out, an open choice (DESIGN.md): "full", the map's output width; "head", one
-# head-sized vector per branch q, k, v shared by the heads, one scalar per branch gate, up (per
-# expert in MoE)
+# head-sized vector per branch q, k, v shared by the heads, one scalar per branch gate, up
 DNP_WIDTHS = ("full", "head")
-
-
-class DecayPolicy(NamedTuple):
-    decays: tuple   # the scale-vector classes of GPT.param_classes() it decays
-    # the value t it pulls every decayed g toward, whatever the reparameterization: 0, AdamW's own
-    # decoupled decay of the raw parameters (their zero is g = 0); another t, each raw parameter
-    # p -= lr * weight_decay * (p - p_t) after each step, p_t its value where g = t (optimizer_step)
-    toward: float = 0.0
-
-
-# train.py's sv_weight_decay: which scale vectors get decayed (matrices, embeddings: always), by
-# train.py's sv_decay (default: weight_decay's value)
-DECAY_POLICIES = {
-    "none": DecayPolicy(decays=()),
-    # paper 2.2: only the Input-Norm ones, which fold (g_final, before the head, is one)
-    "iwd": DecayPolicy(decays=("sv_input", "sv_final")),
-    # IWD's control (our choice): the blocks' Input-Norms, not g_final, the one vector that still
-    # acts on the function under DNP (DESIGN.md)
-    "iwd_blocks": DecayPolicy(decays=("sv_input",)),
-    "all": DecayPolicy(decays=("sv_input", "sv_final", "sv_output")),
-    # the other half of the paper's claim (our control): only the vectors after a Norm, which
-    # cannot fold (qk_norm, post_norm, DNP's g_out)
-    "owd": DecayPolicy(decays=("sv_output",)),
-}
-
-# The named variants of the paper (config/<name>_char.py, config/<name>_124m.py and the rows of
-# reproduce.py's grids): GPTConfig flags plus train.py's sv_weight_decay.
-# tests/test_variant_tables.py checks every config file and grid row against this list.
-UNIFIED = dict(sv_hetero=True, sv_placement="dnp", sv_reparam="or",   # paper 4
-               sv_weight_decay="iwd")
-GEMMA = dict(qk_norm=True, post_norm=True)
-VARIANTS = {
-    "baseline": {},
-    "noscale": dict(scale_vectors=False),
-    "hetero": dict(sv_hetero=True),
-    "dp": dict(sv_placement="dp"),
-    "dnp": dict(sv_placement="dnp"),
-    "dnp_head": dict(sv_placement="dnp", sv_dnp_width="head"),
-    "dnp_novec": dict(sv_placement="dnp_novec"),
-    "or": dict(sv_reparam="or"),
-    "er": dict(sv_reparam="er"),
-    "iwd": dict(sv_weight_decay="iwd"),
-    "iwd_blocks": dict(sv_weight_decay="iwd_blocks"),
-    "gemma_none": dict(GEMMA, sv_weight_decay="none"),
-    "gemma_iwd": dict(GEMMA, sv_weight_decay="iwd"),
-    "gemma_all": dict(GEMMA, sv_weight_decay="all"),
-    "gemma_iwd_blocks": dict(GEMMA, sv_weight_decay="iwd_blocks"),
-    "gemma_owd": dict(GEMMA, sv_weight_decay="owd"),
-    "unified": UNIFIED,
-    "unified_head": dict(UNIFIED, sv_dnp_width="head"),
-    "unified_novec": dict(UNIFIED, sv_placement="dnp_novec"),
-    "unified_noiwd": dict(UNIFIED, sv_weight_decay="none"),
-}
 
 
 class VectorFlag(NamedTuple):
@@ -203,26 +136,12 @@ class VectorFlag(NamedTuple):
 
 
 # The GPTConfig flags that put or shape scale vectors: GPTConfig refuses all but their default under
-# scale_vectors=False, fold_scale_vectors resets them, tests/test_variant_tables.py builds its
-# models from them. A new location is one entry.
+# scale_vectors=False, fold_scale_vectors resets them, the generic tests build their models from
+# them. A new location is one entry.
 VECTOR_FLAGS = dict(sv_hetero=VectorFlag((False, True)), sv_placement=VectorFlag(PLACEMENTS),
                     sv_reparam=VectorFlag(REPARAMS), sv_dnp_width=VectorFlag(DNP_WIDTHS),
                     qk_norm=VectorFlag((False, True), adds_norm=True),
                     post_norm=VectorFlag((False, True), adds_norm=True))
-
-
-def check_placement(name, p):
-    """A placement's entry must be one that ScaledLinear can build and apply, or it would train an
-    inert vector."""
-    if p.g_out not in (None, "input", "output"):
-        raise ValueError(
-            f"PLACEMENTS[{name!r}]: g_out must be None, 'input' or 'output', not {p.g_out!r}")
-    if p.g_out == "output" and not p.norm or p.g_out == "input" and p.norm:
-        # paper 2.2: a vector after a Norm cannot fold, one right after W can
-        raise ValueError(
-            f"PLACEMENTS[{name!r}]: g_out={p.g_out!r} with norm={p.norm} is not built by "
-            "ScaledLinear: a Norm after the map goes with an 'output' g_out or none, no Norm with "
-            "an 'input' one or none")
 
 
 @dataclass
@@ -260,54 +179,29 @@ class GPTConfig:
     moe_aux_weight: float = 0.01  # weight of the auxiliary loss (moe_balance="aux")
 
     def __post_init__(self):
-        def check(ok, msg):
-            if not ok:
-                raise ValueError(f"GPTConfig: {msg}")
-
-        def one_of(flag, table):
+        for flag, table in (("sv_placement", PLACEMENTS), ("sv_reparam", REPARAMS),
+                            ("sv_dnp_width", DNP_WIDTHS)):
             value = getattr(self, flag)
-            check(value in table,
-                  f"{flag} must be one of {', '.join(map(repr, table))}, not {value!r}")
-
-        one_of("sv_placement", PLACEMENTS)
-        check_placement(self.sv_placement, PLACEMENTS[self.sv_placement])
-        one_of("sv_reparam", REPARAMS)
-        one_of("sv_dnp_width", DNP_WIDTHS)
-        dnp = PLACEMENTS[self.sv_placement].norm
-        check(self.sv_dnp_width == "full" or PLACEMENTS[self.sv_placement].g_out == "output",
+            check(value in table, f"{flag} must be one of {', '.join(map(repr, table))}, "
+                                  f"not {value!r}")
+        placement = PLACEMENTS[self.sv_placement]
+        check_placement(self.sv_placement, placement)
+        check(self.sv_dnp_width == "full" or placement.g_out == "after_norm",
               f"sv_dnp_width={self.sv_dnp_width!r} sets the width of DNP's g_out, which "
               f"sv_placement={self.sv_placement!r} does not have: it needs sv_placement='dnp'")
-        defaults = {f.name: f.default for f in fields(self)}
         for flag, spec in VECTOR_FLAGS.items():
-            check(self.scale_vectors or spec.adds_norm or getattr(self, flag) == defaults[flag],
+            default = next(f.default for f in fields(self) if f.name == flag)
+            check(self.scale_vectors or spec.adds_norm or getattr(self, flag) == default,
                   f"{flag}={getattr(self, flag)!r} needs scale_vectors=True "
                   "(there is no vector to vary)")
-        check(not (self.qk_norm and dnp),
+        check(not (self.qk_norm and placement.norm),
               f"qk_norm=True with sv_placement={self.sv_placement!r} is redundant: DNP already "
               "puts a norm and a vector on q and k")
         check(self.n_embd % self.n_head == 0 and (self.n_embd // self.n_head) % 2 == 0,
               "n_embd must be a multiple of n_head with an even head size (RoPE rotates pairs)")
         check(self.n_experts >= 0, f"n_experts must be >= 0 (0: dense), not {self.n_experts}")
         if self.n_experts:
-            self.check_moe(check)
-
-    def check_moe(self, check):
-        check(1 <= self.n_experts_active <= self.n_experts,
-              f"n_experts_active must be between 1 and n_experts={self.n_experts}, "
-              f"not {self.n_experts_active}")
-        check(self.n_shared_experts >= 0,
-              f"n_shared_experts must be >= 0, not {self.n_shared_experts}")
-        check(self.moe_hidden >= 0,
-              f"moe_hidden must be >= 0 (0: automatic), not {self.moe_hidden}")
-        check(0 <= self.moe_dense_layers < self.n_layer,
-              f"moe_dense_layers must be between 0 and n_layer-1={self.n_layer - 1} "
-              f"(some layer must be MoE), not {self.moe_dense_layers}")
-        check(self.moe_router in ("softmax", "sigmoid"),
-              f"moe_router must be 'softmax' or 'sigmoid', not {self.moe_router!r}")
-        check(self.moe_balance in ("bias", "aux"),
-              f"moe_balance must be 'bias' or 'aux', not {self.moe_balance!r}")
-        check(self.moe_bias_rate >= 0 and self.moe_aux_weight >= 0,
-              "moe_bias_rate and moe_aux_weight must be >= 0")
+            check_moe(self)
 
     @property
     def hidden(self):
@@ -323,6 +217,11 @@ class GPTConfig:
         return self.vocab_pad * math.ceil(self.vocab_size / self.vocab_pad)
 
 
+def check(ok, msg):
+    if not ok:
+        raise ValueError(f"GPTConfig: {msg}")
+
+
 # ---- the three pieces ----------------------------------------------------------------------------
 
 # Where a vector acts (ScaleVector's folds_into; GPT.vector_sites reads it for folding, decay and
@@ -335,30 +234,24 @@ AFTER_NORM = "after a Norm"
 
 class ScaleVector(nn.Module):
     """`rows` learnable vectors g of length d, parameterized as REPARAMS[cfg.sv_reparam] says; g = 1
-    at init (paper: "scale vectors initialised to 1"); folds_into: where g acts (above)."""
+    at init (paper: "scale vectors initialised to 1"); folds_into: where g acts (above); experts:
+    the number of routed experts its rows are split over (0: none), each token using k of them."""
 
-    def __init__(self, rows, d, cfg, folds_into, names=None):
+    def __init__(self, rows, d, cfg, folds_into, names=None, experts=0):
         super().__init__()
         self.folds_into, self.names, self.rows, self.width = folds_into, names, rows, d
-        self.reparam, self.eps = cfg.sv_reparam, cfg.norm_eps
-        for name, value in self.raw_at(1.0).items():
-            shape = REPARAMS[self.reparam].params[name][0]
+        self.reparam, self.eps, self.experts = cfg.sv_reparam, cfg.norm_eps, experts
+        if folds_into != AFTER_NORM and not (folds_into and all(
+                len(site) == 2 and site[1] in ("columns", "rows") for site in folds_into)):
+            raise ValueError("ScaleVector: folds_into must be AFTER_NORM or ((weight, 'columns' "
+                             f"or 'rows'), ...), not {folds_into!r}")
+        for name, (shape, init) in REPARAMS[self.reparam].params.items():
+            value = float(init(self.eps) if callable(init) else init)
             raw = torch.full((rows, 1 if shape == "scalar" else d), value)
-            # one entry has no direction: a trained one would be inert
-            if shape == "direction" and d == 1:
+            if shape == "direction" and d == 1:   # no direction: a trained one would be inert
                 self.register_buffer(name, raw)
             else:
                 self.register_parameter(name, nn.Parameter(raw))
-
-    def raw_at(self, t):
-        """{raw parameter: its value where every g is t}, REPARAMS' init at t: a decay policy's
-        target is one for g. ValueError where there is none (ER's g = exp(.) is never 0)."""
-        try:
-            return {n: float(i(self.eps, t) if callable(i) else i)
-                    for n, (_, i) in REPARAMS[self.reparam].params.items()}
-        except (ValueError, OverflowError):   # math.log(0)
-            raise ValueError(f"sv_reparam={self.reparam!r} has no raw parameters where g = {t:g}, "
-                             "a decay policy's target (DECAY_POLICIES): choose another") from None
 
     def forward(self):
         """The effective vectors g, shape (rows, d)."""
@@ -373,35 +266,39 @@ class ScaledLinear(nn.Module):
     `n_expert` for MoE.
       g_in:  input side, an Input-Norm vector: one shared row, or one row per block under HG
              (paper 3.1); own_g_in=False: the caller passes it (MoE's g_ffn, the head's g_final);
-      g_out: output side, one row per block (paper 3.2), dual=False: none. DP folds it into W's
-             rows, DNP applies g_out * Norm(.) per group of outputs: per `head` outputs (q, k, v),
-             or per branch (head=0).
-    Paper, unified view: W -> diag(g_out) W diag(g_in) = W * (g_out g_in^T), once per step."""
+      g_out: output side, one row per block (paper 3.2); dual=False: none. DP folds it into W's
+             rows; DNP applies g_out * Norm(.) per group of outputs: per `head` outputs (q, k, v),
+             or per branch (head=0)."""
 
     def __init__(self, d_in, d_out, cfg, branches=(), head=0, n_expert=0, dual=True, own_g_in=True):
         super().__init__()
         lead = (n_expert,) if n_expert else ()
         self.weight = nn.Parameter(torch.empty(*lead, d_out, d_in))   # GPT._init_weights draws it
-        n_split = max(len(branches), 1)
-        self.n_expert, self.n_split, self.n_blocks = n_expert, n_split, max(n_expert, 1) * n_split
-        self.eps = cfg.norm_eps
-        names = branches if n_split > 1 else None
+        self.n_expert, self.n_split = n_expert, max(len(branches), 1)
+        self.n_blocks, self.eps = max(n_expert, 1) * self.n_split, cfg.norm_eps
+        names = branches if self.n_split > 1 else None
         if n_expert and names:   # one row per expert and branch: "3.gate"
             names = tuple(f"{e}.{n}" for e in range(n_expert) for n in names)
         sv = cfg.scale_vectors
         rows_in = self.n_blocks if cfg.sv_hetero else 1
-        self.g_in = (ScaleVector(rows_in, d_in, cfg, (("weight", "columns"),), names)
+        self.g_in = (ScaleVector(rows_in, d_in, cfg, (("weight", "columns"),), names,
+                                 n_expert if cfg.sv_hetero else 0)
                      if sv and own_g_in else None)
         self.placement = PLACEMENTS[cfg.sv_placement if sv and dual else "pre"]
         check_placement(cfg.sv_placement, self.placement)
-        self.group = head or d_out // n_split
-        # DNP's g_out is full width, or (sv_dnp_width="head") a head's width per block, shared by
-        # its heads (one entry per branch without heads)
+        # DNP's Norm acts on groups of outputs, (blocks, groups per block, group): a head (q, k, v)
+        # or a whole branch (gate, up). g_out's row of a block broadcasts over them, shaped
+        #   full width (and DP):           (groups, group)  one entry per output
+        #   sv_dnp_width="head", q, k, v:  (1, head)        one head-sized vector for its heads
+        #   sv_dnp_width="head", gate, up: (1, 1)           one scalar per branch
+        self.group = head or d_out // self.n_split
         full = cfg.sv_dnp_width == "full" or not self.placement.norm
-        self.g_out_width = width = d_out // n_split if full else head or 1
-        kind = self.placement.g_out   # DP's folds into W's rows; DNP's has a Norm before it
-        acts = (("weight", "rows"),) if kind == "input" else AFTER_NORM
-        self.g_out = ScaleVector(self.n_blocks, width, cfg, acts, names) if kind else None
+        width = d_out // self.n_split if full else head or 1
+        self.g_out_shape = (width // self.group, self.group) if full else (1, width)
+        kind = self.placement.g_out
+        acts = (("weight", "rows"),) if kind == "folded" else AFTER_NORM
+        self.g_out = (ScaleVector(self.n_blocks, width, cfg, acts, names, n_expert)
+                      if kind else None)
 
     def effective_weight(self, g_in=None):
         """W * (g_out g_in^T): g_in in W's columns (paper 2.2; HG, 3.1: a row per branch), g_out in
@@ -409,26 +306,25 @@ class ScaledLinear(nn.Module):
         by several maps (MoE's g_ffn)."""
         W, g_in = self.weight, self.g_in() if self.g_in is not None else g_in
         W = W if g_in is None else fold(W, g_in, "columns")
-        return fold(W, self.g_out(), "rows") if self.placement.g_out == "input" else W
+        return fold(W, self.g_out(), "rows") if self.placement.g_out == "folded" else W
 
     def forward(self, xn, g_in=None):
-        return self.output_side(F.linear(xn, self.effective_weight(g_in)))
+        return self.output_side(F.linear(xn, self.effective_weight(g_in)), self.g_out_groups())
 
-    def output_side(self, y, expert=None):
-        """What the placement does after the map: g_out * Norm(y) per group of outputs under DNP
-        (paper 3.2); nothing otherwise (DP's g_out is already in the weight). y: the map's fresh
-        output. MoE: y comes from `expert` (an index, or one per row of y), whose g_out applies."""
+    def g_out_groups(self):
+        """DNP's g_out as (blocks, *g_out_shape), to broadcast over the groups of the outputs; None
+        where there is none after a Norm (dnp_novec: the Norm alone)."""
+        if self.g_out is None or not self.placement.norm:
+            return None
+        return self.g_out().view(self.n_blocks, *self.g_out_shape)
+
+    def output_side(self, y, g):
+        """What the placement does after the map: g * Norm(.) per group of y's outputs under DNP
+        (paper 3.2), g from g_out_groups (an expert's rows of it in MoE); nothing otherwise (DP's
+        g_out is already in the weight)."""
         if not self.placement.norm:
             return y
-        groups, g = (self.n_split, -1, self.group), None   # the Norm is per group of outputs
-        if self.g_out is not None:   # (dnp_novec: the Norm alone)
-            # g_out (experts * blocks, width) -> ([experts,] blocks, 1 or groups, width <= group)
-            lead = (self.n_expert,) if self.n_expert else ()
-            width = min(self.g_out_width, self.group)
-            g = self.g_out().view(*lead, self.n_split, -1, width)
-            if expert is not None:   # MoE: the g_out rows of `expert` (one, or one per row of y)
-                g = g[expert]
-        return output_norm(y, g, groups, self.eps)
+        return output_norm(y, g, (self.n_split, -1, self.group), self.eps)
 
 
 class OutputNorm(nn.Module):
@@ -592,29 +488,17 @@ class GPT(nn.Module):
                 loss = loss + c.moe_aux_weight * aux
         return logits[..., : c.vocab_size], loss
 
-    # ---- scale vectors: classification, decay, telemetry, folding ------------------------
+    # ---- scale vectors: where each acts, decay groups, folding -----------------------------------
 
     def vector_sites(self):
-        """{vector: ((weight, side), ...)} of every ScaleVector: the state_dict names of the weights
-        it folds into, as it declares (folds_into); () after a Norm. ValueError, naming the vector,
-        for a declaration that does not fit this model."""
-        state, sites = self.state_dict(), {}
+        """{vector: ((weight, side), ...)} of every ScaleVector, as it declares (folds_into): the
+        state_dict names of the weights it folds into; () after a Norm."""
+        sites = {}
         for name, sv in self.named_modules():
             if isinstance(sv, ScaleVector):
-                holder, acts = name.rpartition(".")[0], sv.folds_into
-                sites[name] = () if acts == AFTER_NORM else tuple(
-                    (".".join(filter(None, (holder, w))), side) for w, side in acts or ())
-                g = torch.ones(sv.rows, sv.width, device="meta")
-                try:   # fold's own shape rules, on the meta device (no memory, no arithmetic)
-                    ok = acts and all(side in ("columns", "rows") and fold(
-                        state[k].to("meta"), g, side) is not None for k, side in sites[name])
-                except (KeyError, RuntimeError):
-                    ok = False
-                if not ok:
-                    raise ValueError(
-                        f"{name} declares folds_into={acts!r}, which this model cannot fold: name "
-                        f"the weights it multiplies (paths from {holder or 'the GPT'}) and their "
-                        "side, 'columns' or 'rows', or AFTER_NORM (model.ScaleVector)")
+                holder = name.rpartition(".")[0]
+                sites[name] = () if sv.folds_into == AFTER_NORM else tuple(
+                    (".".join(filter(None, (holder, w))), side) for w, side in sv.folds_into or ())
         return sites
 
     def param_classes(self):
@@ -641,54 +525,40 @@ class GPT(nn.Module):
                 classes[f"{mname}.{pname}" if mname else pname] = cls
         return classes
 
-    def param_groups(self, weight_decay, sv_weight_decay="none", muon=False, sv_decay=None):
-        """Optimizer groups, one per class of param_classes() (and optimizer). Matrices and
-        embeddings are decayed by weight_decay; scale vectors as DECAY_POLICIES[sv_weight_decay]
-        says (paper 2.2), by sv_decay (None: weight_decay); a group whose vectors are pulled
-        toward a g other than 0 leaves AdamW's weight_decay at 0 and carries its own (decay,
-        toward, each raw parameter's target) for optimizer_step. muon=True: the 2-D hidden
-        matrices go to Muon (torch.optim.Muon takes 2-D tensors only, so the stacked (E, out, in)
-        weights of MoE experts stay on AdamW), everything else to AdamW."""
-        policy = DECAY_POLICIES[sv_weight_decay]
-        decayed = {"matrix", "embedding", *policy.decays}
+    def param_groups(self, weight_decay, sv_weight_decay="none", sv_decay=None, muon=False):
+        """Optimizer groups, one per class of param_classes() (and optimizer): matrices and
+        embeddings decayed by weight_decay, scale vectors as DECAY_POLICIES[sv_weight_decay] says
+        (paper 2.2), by sv_decay (None: weight_decay). AdamW's decoupled decay pulls each raw
+        parameter toward 0 (DESIGN.md: what that does to OR's and ER's g). muon=True: the 2-D
+        hidden matrices go to Muon (torch.optim.Muon takes 2-D tensors only, so the stacked
+        (E, out, in) expert weights stay on AdamW)."""
+        decayed = {"matrix", "embedding", *DECAY_POLICIES[sv_weight_decay]}
         classes, params = self.param_classes(), dict(self.named_parameters())
-        target = {id(getattr(m, n)): v for m in self.modules() if isinstance(m, ScaleVector)
-                  and policy.decays for n, v in m.raw_at(policy.toward).items()}   # g = toward
         groups = []
         for cls in ("matrix", "embedding", "sv_input", "sv_final", "sv_output"):
             members = [params[n] for n, c in classes.items() if c == cls]
             to_muon = [p for p in members if muon and cls == "matrix" and p.dim() == 2]
-            to_adamw = [p for p in members if not any(p is q for q in to_muon)]
-            coef = weight_decay if sv_decay is None or not cls.startswith("sv_") else sv_decay
-            wd = coef if cls in decayed else 0.0
-            toward = policy.toward if cls in policy.decays else 0.0
+            to_adamw = [p for p in members if all(p is not q for q in to_muon)]
+            coef = sv_decay if sv_decay is not None and cls.startswith("sv_") else weight_decay
             for opt, ps in (("muon", to_muon), ("adamw", to_adamw)):
-                if not ps:
-                    continue
-                groups.append({"params": ps, "name": cls, "optimizer": opt,
-                               "weight_decay": wd if toward == 0 else 0.0})
-                if toward != 0:   # not AdamW's decay: optimizer_step applies it
-                    groups[-1].update(decay=wd, toward=toward, targets=[target[id(p)] for p in ps])
-        # every parameter in exactly one group
-        grouped = [id(p) for g in groups for p in g["params"]]
-        if len(grouped) != len(set(grouped)) or set(grouped) != {id(p) for p in self.parameters()}:
-            raise RuntimeError(
-                "optimizer groups do not cover every parameter exactly once: fix GPT.param_classes")
+                if ps:
+                    groups.append({"params": ps, "name": cls, "optimizer": opt,
+                                   "weight_decay": coef if cls in decayed else 0.0})
         return groups
 
-    def configure_optimizers(self, weight_decay, sv_weight_decay, learning_rate, betas,
-                             device_type, optimizer="adamw", muon_lr=0.0, muon_momentum=0.95,
-                             sv_decay=None):
+    def configure_optimizers(self, *, learning_rate, weight_decay, betas, sv_weight_decay="none",
+                             sv_decay=None, optimizer="adamw", muon_lr=None, muon_momentum=0.95):
         """AdamW over the groups of param_groups(); optimizer="muon": Muon takes the 2-D hidden
-        matrices instead (its update scaled to AdamW's RMS, so muon_lr is on AdamW's scale). Each
-        group's base_lr is what train.py's schedule scales."""
-        groups = self.param_groups(weight_decay, sv_weight_decay, optimizer == "muon", sv_decay)
+        matrices instead (its update scaled to AdamW's RMS, so muon_lr, default learning_rate, is
+        on AdamW's scale). Each group's base_lr is what train.py's schedule scales."""
+        groups = self.param_groups(weight_decay, sv_weight_decay, sv_decay, optimizer == "muon")
+        muon_lr = muon_lr or learning_rate
         for g in groups:
             g["base_lr"] = muon_lr if g["optimizer"] == "muon" else learning_rate
         # the fused kernel: one pass over all tensors (on a CPU, 3-4x faster than the loop)
+        fused = self.wte.weight.device.type in ("cuda", "cpu")
         opts = [torch.optim.AdamW([g for g in groups if g["optimizer"] == "adamw"],
-                                  lr=learning_rate, betas=betas,
-                                  fused=device_type in ("cuda", "cpu"))]
+                                  lr=learning_rate, betas=betas, fused=fused)]
         muon = [g for g in groups if g["optimizer"] == "muon"]
         if muon:
             opts.append(torch.optim.Muon(muon, lr=muon_lr, momentum=muon_momentum,
@@ -712,14 +582,19 @@ class GPT(nn.Module):
                  if not isinstance(mods[k.rpartition(".")[0]], ScaleVector)}
         for name, weights in sites.items():
             for key, side in weights:
-                state[key] = fold(state[key], mods[name](), side)
+                try:
+                    state[key] = fold(state[key], mods[name](), side)
+                except (KeyError, RuntimeError):   # no such weight, or g does not fit its shape
+                    raise ValueError(f"{name} declares folds_into={mods[name].folds_into!r}, which "
+                                     "this model cannot fold: name the weights it multiplies "
+                                     "(paths from its holder) and their side (model.ScaleVector)"
+                                     ) from None
         # g_final folds into the head, so a tied head must be untied
         off = {f.name: f.default for f in fields(c)
                if f.name in VECTOR_FLAGS and not VECTOR_FLAGS[f.name].adds_norm}
         plain_cfg = replace(c, scale_vectors=False, **off,
                             tie_embeddings=c.tie_embeddings and not c.scale_vectors)
-        # no memory and no random draws: every weight comes from `state`
-        with torch.device("meta"):
+        with torch.device("meta"):   # no memory and no random draws: every weight from `state`
             plain = GPT(plain_cfg)
         for key in sorted(set(state) - set(plain.state_dict()))[:1]:
             raise ValueError(f"fold_scale_vectors does not know how to fold {key}: make it a "
@@ -751,13 +626,17 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def num_active_params(self):
-        """Parameters one token uses: all but the E - k routed experts it skips in each MoE
-        layer."""
-        c = self.config
-        experts = sum(p.numel() for m in self.modules() if isinstance(m, MoE)
-                      for p in (*m.experts.parameters(), m.down))
-        skipped = experts * (c.n_experts - c.n_experts_active) // max(c.n_experts, 1)
-        return self.num_params() - skipped
+        """Parameters one token uses: of each tensor split over the E routed experts of an MoE
+        layer (the stacked expert weights, and every vector that declares it is per expert), the k
+        experts it is routed to."""
+        c, routed = self.config, 0
+        for m in self.modules():
+            if isinstance(m, MoE):
+                routed += m.down.numel()
+            if isinstance(m, ScaledLinear) and m.n_expert or isinstance(m, ScaleVector) and \
+                    m.experts:
+                routed += sum(p.numel() for p in m.parameters(recurse=False))
+        return self.num_params() - routed * (c.n_experts - c.n_experts_active) // max(c.n_experts, 1)
 
     def flops_per_token(self):
         """Training FLOPs per token: 6 per weight used in a matmul, plus attention (PaLM,
@@ -791,17 +670,51 @@ class GPT(nn.Module):
             yield idx_next
 
 
+# train.py's sv_weight_decay: the classes of GPT.param_classes() whose vectors get decayed, by
+# train.py's sv_decay (default: weight_decay's value); matrices and embeddings always are
+DECAY_POLICIES = {
+    "none": (),
+    # paper 2.2: only the Input-Norm ones, which fold (g_final, before the head, is one)
+    "iwd": ("sv_input", "sv_final"),
+    # IWD's control (our choice): the blocks' Input-Norms, not g_final, the one vector that still
+    # acts on the function under DNP (DESIGN.md)
+    "iwd_blocks": ("sv_input",),
+    "all": ("sv_input", "sv_final", "sv_output"),
+    # the other half of the paper's claim (our control): only the vectors after a Norm, which
+    # cannot fold (qk_norm, post_norm, DNP's g_out)
+    "owd": ("sv_output",),
+}
+
+
 # ---- Mixture of Experts (optional: n_experts > 0) ------------------------------------------------
+
+def check_moe(c):
+    check(1 <= c.n_experts_active <= c.n_experts,
+          f"n_experts_active must be between 1 and n_experts={c.n_experts}, "
+          f"not {c.n_experts_active}")
+    check(c.n_shared_experts >= 0, f"n_shared_experts must be >= 0, not {c.n_shared_experts}")
+    check(c.moe_hidden >= 0, f"moe_hidden must be >= 0 (0: automatic), not {c.moe_hidden}")
+    check(0 <= c.moe_dense_layers < c.n_layer,
+          f"moe_dense_layers must be between 0 and n_layer-1={c.n_layer - 1} "
+          f"(some layer must be MoE), not {c.moe_dense_layers}")
+    check(c.moe_router in ("softmax", "sigmoid"),
+          f"moe_router must be 'softmax' or 'sigmoid', not {c.moe_router!r}")
+    check(c.moe_balance in ("bias", "aux"),
+          f"moe_balance must be 'bias' or 'aux', not {c.moe_balance!r}")
+    check(c.moe_bias_rate >= 0 and c.moe_aux_weight >= 0,
+          "moe_bias_rate and moe_aux_weight must be >= 0")
+
 
 class MoE(nn.Module):
     """Mixture-of-Experts FFN: each token goes through the top-k of E routed SwiGLU experts,
     weighted by gates renormalized to sum to 1 (k > 1), plus the shared experts; no token is
-    dropped. Router in fp32. Balance: DeepSeek-V3's expert bias (it changes which experts are
-    chosen, not the gates; update_bias) or the Switch Transformer's auxiliary loss (self.aux_loss,
-    added by GPT). Scale vectors: one Input-Norm vector g_ffn (self.g_in) shared by router and
-    experts; under HG the router and every expert's gate and up own theirs (DESIGN.md); DP and DNP
-    apply per expert. The experts' weights are stacked (E, ...) tensors, so an expert that gets no
-    token still takes part in autograd (a zero gradient) and DDP needs no find_unused_parameters."""
+    dropped. Router in at least fp32. Balance: DeepSeek-V3's expert bias (it changes which experts
+    are chosen, not the gates; update_bias) or the Switch Transformer's auxiliary loss
+    (self.aux_loss, added by GPT). Scale vectors: one Input-Norm vector g_ffn (self.g_in) shared by
+    router and experts; under HG the router and every expert's gate and up own theirs (DESIGN.md);
+    DP and DNP apply per expert. The experts' weights are stacked (E, ...) tensors, so an expert
+    that gets no token still takes part in autograd (a zero gradient) and DDP needs no
+    find_unused_parameters."""
 
     def __init__(self, cfg):
         super().__init__()
@@ -859,20 +772,24 @@ class MoE(nn.Module):
         return out.view(xn.shape).type_as(xn)
 
     def run_experts(self, xs, expert, counts, W):
-        """Each expert's SwiGLU on its rows of xs, which are sorted by expert."""
+        """Each expert's SwiGLU on its rows of xs, which are sorted by expert (`expert`: each row's);
+        DNP's g_out rows of an expert apply to its outputs."""
         dev = xs.device.type
         dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else xs.dtype
         impl = self.impl or ("grouped" if xs.is_cuda and dt == torch.bfloat16
                              and hasattr(torch, "_grouped_mm") else "loop")
+        g = self.experts.g_out_groups()   # (E * branches, ...) -> (E, branches, ...)
+        g = g.unflatten(0, (self.E, -1)) if g is not None else None
         if impl == "grouped":   # one grouped GEMM per projection; the groups are the experts' rows
             offs = counts.cumsum(0).int()
             mm = lambda a, w: torch._grouped_mm(a.to(dt), w.to(dt).transpose(-2, -1), offs=offs)
-            return mm(swiglu(self.experts.output_side(mm(xs, W), expert)), self.down)
+            h = self.experts.output_side(mm(xs, W), g[expert] if g is not None else None)
+            return mm(swiglu(h), self.down)
         y = []                  # an expert with no token runs on an empty slice
         parts = zip(xs.split(counts.tolist()), W.unbind(), self.down.unbind())
         for e, (xe, We, De) in enumerate(parts):
-            h = swiglu(self.experts.output_side(F.linear(xe, We), e))
-            y.append(F.linear(h, De))
+            h = self.experts.output_side(F.linear(xe, We), g[e] if g is not None else None)
+            y.append(F.linear(swiglu(h), De))
         return torch.cat(y)
 
     # ---- load balancing: counted in each training forward, applied after each optimizer step ----
@@ -905,40 +822,6 @@ class MoE(nn.Module):
         update_bias; cv 0 is a perfect balance."""
         load = self.last_load
         return {"load": load.tolist(), "cv": (load.std(unbiased=False) / load.mean()).item()}
-
-
-@torch.no_grad()
-def optimizer_step(optimizers):
-    """One training step: every optimizer's step, then the decay of a policy whose target is not 0
-    (DECAY_POLICIES; the groups that carry `toward`), p -= lr * decay * (p - p_t), then
-    zero_grad. train.py calls this and nothing else between backward and the next forward, so no
-    hook can be forgotten or run after the gradients are gone."""
-    for opt in optimizers:
-        opt.step()
-        for group in opt.param_groups:
-            if group.get("toward", 0) != 0:   # each raw parameter toward its value where g = toward
-                for p, target in zip(group["params"], group["targets"]):
-                    p.sub_(group["lr"] * group["decay"] * (p - target))
-        opt.zero_grad(set_to_none=True)
-
-
-def optimizer_table(optimizers):
-    """What each class of parameters gets, one line each: a gain silently decayed toward 0 is the
-    classic confound of a scale-vector study. A class pulled toward a g other than 0 says so."""
-    lines = [f"{'class':<10} {'optim':<6} {'tensors':>7} {'params':>12} {'lr':>8} {'decay':>6}"]
-    for g in (g for opt in optimizers for g in opt.param_groups):
-        decay = f"{g['decay']} to g={g['toward']:g}" if g.get("toward", 0) else g["weight_decay"]
-        lines.append(f"{g['name']:<10} {g['optimizer']:<6} {len(g['params']):>7} "
-                     f"{sum(p.numel() for p in g['params']):>12,} "
-                     f"{g['base_lr']:>8.1e} {decay:>6}")
-    return "\n".join(lines)
-
-
-def default_device():
-    """cuda, then mps, then cpu: what train.py, sample.py and bench.py use unless told otherwise."""
-    if torch.cuda.is_available():
-        return "cuda"
-    return "mps" if torch.backends.mps.is_available() else "cpu"
 
 
 # Peak dense bf16 FLOP/s (no sparsity) of common GPUs, for MFU. Their TF32 peak, which float32 runs

@@ -15,8 +15,7 @@ import sys
 import torch
 
 import checkpoint
-from configurator import SAMPLE_RULES, ConfigError, check_device, configure
-from model import default_device
+from configurator import SAMPLE_RULES, ConfigError, check_device, configure, default_device
 from dataset import dataset_dir, decode_stream, get_tokenizer, load_meta, meta_problem
 
 out_dir = "out"

@@ -9,7 +9,7 @@ Pre-train the GPT of model.py on one process, or on many with DDP through torchr
 Every name in config/defaults.py is a config key: a config file sets some, then --key=value
 overrides (configurator.py); `python train.py --help` lists them. Config files are Python, executed
 by train.py: run only those you trust. The values each key allows are one table,
-configurator.TRAIN_RULES, checked before anything is written; the checks of the data and of a
+config/defaults.py's TRAIN_RULES, checked before anything is written; the checks of the data and of a
 checkpoint live in dataset.py and checkpoint.py, each bad input one sentence.
 """
 import math
@@ -28,22 +28,20 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import checkpoint
 import telemetry
 from checkpoint import CheckpointError
-from config.defaults import DEFAULTS
-from configurator import TRAIN_RULES, ConfigError, check_device, configure, differing_configs
+from config.defaults import DEFAULTS, PAIR_RULES, TRAIN_RULES
+from configurator import ConfigError, check_device, configure, default_device, differing_configs
 from dataset import TokenFile, dataset_dir, load_meta, vocabulary
-from model import (GPT, GPTConfig, default_device, optimizer_step, optimizer_table,
-                   peak_flops)
+from model import GPT, GPTConfig, peak_flops
 
 # ---- config: every key of config/defaults.py becomes a global here ----------------------------
 try:   # every check that needs no data comes first: nothing is written to out_dir before all pass
-    config = configure(DEFAULTS, sys.argv[1:], TRAIN_RULES)
+    config = configure(DEFAULTS, sys.argv[1:], TRAIN_RULES, PAIR_RULES)
     check_device(config["device"])
     checkpoint.check_out_dir(config["out_dir"], config["init_from"], config["overwrite"])
 except (ConfigError, CheckpointError) as e:
     sys.exit(f"error: {e}")
 globals().update(config)
 lr_decay_iters = lr_decay_iters or max_iters
-muon_lr = muon_lr or learning_rate
 
 # ---- processes and device ----------------------------------------------------------------------
 ddp = "RANK" in os.environ   # set by torchrun
@@ -137,11 +135,16 @@ model = raw_model = GPT(gpt_config).to(device, weights_dtype)
 if master:
     print(f"model: {model.num_params() / 1e6:.2f}M parameters "
           f"({model.num_active_params() / 1e6:.2f}M active per token)")
-optimizers = raw_model.configure_optimizers(weight_decay, sv_weight_decay, learning_rate,
-                                           (beta1, beta2), device_type, optimizer, muon_lr,
-                                           muon_momentum, None if sv_decay < 0 else sv_decay)
-if master:
-    print(optimizer_table(optimizers))
+optimizers = raw_model.configure_optimizers(
+    learning_rate=learning_rate, weight_decay=weight_decay, betas=(beta1, beta2),
+    sv_weight_decay=sv_weight_decay, sv_decay=None if sv_decay < 0 else sv_decay,
+    optimizer=optimizer, muon_lr=muon_lr, muon_momentum=muon_momentum)
+if master:   # a gain silently decayed toward 0 is the classic confound of a scale-vector study
+    print(f"{'class':<10} {'optim':<6} {'tensors':>7} {'params':>12} {'lr':>8} {'decay':>6}")
+    for g in (g for opt in optimizers for g in opt.param_groups):
+        print(f"{g['name']:<10} {g['optimizer']:<6} {len(g['params']):>7} "
+              f"{sum(p.numel() for p in g['params']):>12,} {g['base_lr']:>8.1e} "
+              f"{g['weight_decay']:>6}")
 param_names = {p: name for name, p in raw_model.named_parameters()}   # named in checkpoints
 if ckpt:
     try:   # the weights, then the moments; this run's config keeps its own lr, decay, betas...
@@ -270,8 +273,8 @@ t0, timed_steps, before = time.perf_counter(), 0, None
 while True:
     # a resumed run's first step was evaluated before its checkpoint was saved (a stop signal during
     # the step-0 evaluation saves ckpt_0000000.pt after it): not again
-    if ((iter_num % eval_interval == 0 or iter_num == max_iters)
-            and not (iter_num == start_iter and init_from == "resume")):
+    evaluated_before_saving = iter_num == start_iter and init_from == "resume"
+    if (iter_num % eval_interval == 0 or iter_num == max_iters) and not evaluated_before_saving:
         losses = evaluate()
         if master:
             print(f"step {iter_num}: train loss {losses['train']:.4f}, "
@@ -319,7 +322,9 @@ while True:
                                                grad_clip if grad_clip > 0 else float("inf"))
     # paper 2.2: what a plain SGD step would do to the folded maps, from this step's gradients
     sgd = telemetry.sgd_ratios(raw_model, learning_rate * factor) if before is not None else None
-    optimizer_step(optimizers)   # the steps, a decay policy's own pull (DECAY_POLICIES), zero_grad
+    for opt in optimizers:
+        opt.step()
+        opt.zero_grad(set_to_none=True)
     raw_model.update_expert_bias(reduce=dist.all_reduce if ddp else None)   # MoE; else nothing
     iter_num += 1
     timed_steps += 1

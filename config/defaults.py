@@ -1,14 +1,21 @@
 """
-train.py's config keys and their defaults: the one place they are written. A config file
-(config/*.py) sets some of them, then --key=value overrides (configurator.py); the values each
-key allows are configurator.TRAIN_RULES. bench.py and reproduce.py read the same keys here, as
-values, so `max_iters = 5 * 1000` below changes nothing for them.
+train.py's config keys, their defaults and the values each allows: the one place they are written.
+A config file (config/*.py) sets some of them, then --key=value overrides (configurator.py), then
+TRAIN_RULES and PAIR_RULES (below) check every value before train.py writes anything. bench.py and
+reproduce.py read the same keys here, as values (train_config), so `max_iters = 5 * 1000` below
+changes nothing for them.
 
-Every module-level name below is a key; the model's keys are the fields of model.GPTConfig.
+Every module-level value up to DEFAULTS is a key; the model's keys are the fields of
+model.GPTConfig.
 """
+import functools
+import math
+import os
 from dataclasses import fields
 
-from model import GPTConfig
+from configurator import (DATASET, at_least, above, boolean, configure, device_name, folder,
+                          fraction, key_of, one_of)
+from model import DECAY_POLICIES, DNP_WIDTHS, PLACEMENTS, REPARAMS, GPTConfig
 
 # I/O
 out_dir = "out"
@@ -67,3 +74,83 @@ mfu_peak_flops = 0.0       # FLOP/s that MFU divides by; 0: model.GPU_PEAK_FLOPS
 # {key: default}: every name above (not the imports)
 DEFAULTS = {k: v for k, v in globals().items()
             if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))}
+
+
+# ---- the values each key allows: (predicate, the allowed range in words) ------------------------
+TRAIN_RULES = {
+    "out_dir": folder,
+    "init_from": one_of("scratch", "resume"),
+    "eval_interval": at_least(1), "eval_iters": at_least(1),
+    "log_interval": at_least(1), "keep_checkpoints": at_least(1),
+    "dataset": (lambda v: DATASET.fullmatch(v) is not None,
+                "one folder name under data/ (letters, digits, _ . -)"),
+    "batch_size": at_least(1), "gradient_accumulation_steps": at_least(1),
+    "block_size": at_least(1), "vocab_pad": at_least(1),
+    "n_layer": at_least(1), "n_head": at_least(1), "n_embd": at_least(1),
+    "optimizer": one_of("adamw", "muon"),
+    "learning_rate": above(0), "muon_lr": at_least(0), "muon_momentum": fraction(),
+    "max_iters": at_least(0),
+    "weight_decay": at_least(0), "sv_weight_decay": key_of(DECAY_POLICIES, "DECAY_POLICIES"),
+    "sv_decay": (lambda v: v == -1 or math.isfinite(v) and v >= 0, ">= 0, or -1 (weight_decay)"),
+    "train_tokens": at_least(0), "final_eval": boolean, "wandb_log": boolean,
+    "wandb_project": (lambda v: v.strip() != "", "a project name"),
+    "wandb_run_name": (lambda v: True, "any name ('': out_dir's)"),
+    "beta1": fraction(), "beta2": fraction(), "grad_clip": at_least(0),
+    "lr_schedule": one_of("cosine", "wsd", "constant"),
+    "warmup_iters": at_least(0), "lr_decay_iters": at_least(0), "min_lr": at_least(0),
+    "wsd_decay_frac": fraction(hi_open=False), "wsd_shape": one_of("linear", "1-sqrt"),
+    "device": device_name,
+    "dtype": one_of("", "float32", "bfloat16", "float64"), "mfu_peak_flops": at_least(0),
+    "overwrite": boolean, "resume_fallback": boolean, "compile": boolean,
+    "seed": (lambda v: 0 <= v < 2**63, "in [0, 2**63)"),   # numpy takes no negative seed
+    # the model's keys (model.GPTConfig's fields); GPTConfig also checks how they combine
+    "mlp_hidden": at_least(0), "rope_theta": above(0), "norm_eps": above(0),
+    "tie_embeddings": boolean, "scale_vectors": boolean, "sv_hetero": boolean,
+    "qk_norm": boolean, "post_norm": boolean,
+    "sv_placement": key_of(PLACEMENTS, "PLACEMENTS"), "sv_reparam": key_of(REPARAMS, "REPARAMS"),
+    "sv_dnp_width": key_of(DNP_WIDTHS, "DNP_WIDTHS"),
+    "n_experts": at_least(0), "n_experts_active": at_least(1), "n_shared_experts": at_least(0),
+    "moe_hidden": at_least(0), "moe_dense_layers": at_least(0),
+    "moe_router": one_of("softmax", "sigmoid"), "moe_balance": one_of("bias", "aux"),
+    "moe_bias_rate": at_least(0), "moe_aux_weight": at_least(0),
+}
+
+
+
+def decays_vectors(c):
+    return bool(DECAY_POLICIES[c["sv_weight_decay"]]) and (
+        c["sv_decay"] > 0 or c["sv_decay"] < 0 and c["weight_decay"] > 0)
+
+
+# rules on several keys at once: (ok(config), why(config) in one sentence)
+PAIR_RULES = [
+    # AdamW decays each raw parameter toward 0; ER's g = exp(beta + alpha - mean(alpha)) is then 1
+    (lambda c: c["sv_reparam"] != "er" or not decays_vectors(c),
+     lambda c: f"sv_reparam='er' with sv_weight_decay={c['sv_weight_decay']!r}: decaying ER's raw "
+               "parameters pulls g toward 1, not 0, which is not the decay the policy means; use "
+               "sv_weight_decay='none', sv_decay=0, or sv_reparam='or' (DESIGN.md)"),
+]
+
+
+def decays_vectors(c):
+    return bool(DECAY_POLICIES[c["sv_weight_decay"]]) and (
+        c["sv_decay"] > 0 or c["sv_decay"] < 0 and c["weight_decay"] > 0)
+
+
+# rules on several keys at once: (ok(config), why(config) in one sentence)
+PAIR_RULES = [
+    # AdamW decays each raw parameter toward 0; ER's g = exp(beta + alpha - mean(alpha)) is then 1
+    (lambda c: c["sv_reparam"] != "er" or not decays_vectors(c),
+     lambda c: f"sv_reparam='er' with sv_weight_decay={c['sv_weight_decay']!r}: decaying ER's raw "
+               "parameters pulls g toward 1, not 0, which is not the decay the policy means; use "
+               "sv_weight_decay='none', sv_decay=0, or sv_reparam='or' (DESIGN.md)"),
+]
+
+
+@functools.lru_cache(maxsize=None)
+def train_config(config, overrides=()):
+    """train.py's config for a config file (a path from the repository's root) and a tuple of
+    overrides, as train.py would see it, without running it: the defaults, then the file, then the
+    overrides, checked by the rules (shared between callers: do not modify it)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return configure(DEFAULTS, [os.path.join(root, config), *overrides], TRAIN_RULES, PAIR_RULES)

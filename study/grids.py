@@ -337,7 +337,7 @@ def parse_added(spec, grid):
     OVERRIDES are train.py's --key=value, separated by commas or spaces; BASELINE defaults to the
     grid's `baseline` ("none": unpaired); SIGN, the expected sign of (variant - baseline) val loss
     (-1 lower, +1 higher, 0 no claim), and CLAIM (the rest, colons included) what it tests. A NAME
-    of model.VARIANTS must run that variant's flags (reproduce.check_named)."""
+    of config/variants.py must run that variant's flags (reproduce.check_named)."""
     name, config, overrides, baseline, sign, claim = (spec.split(":", 5) + [""] * 5)[:6]
     names = {v.name for v in grid}
     if not NAME.fullmatch(name) or name in names:   # one folder under runs/: no "..", no "/"
@@ -361,14 +361,3 @@ def parse_added(spec, grid):
             if sign not in SIGNS else "a SIGN needs a BASELINE to compare with, not none"))
     return Variant(name, config, overrides, baseline, claim or "(added on the command line)",
                    SIGNS[sign])
-
-
-# ---- a row's name says what it runs: the named variants of model.VARIANTS ----------------------
-
-def variant_of(name):
-    """The named variant a config file or grid row is named after: its longest '_'-prefix in
-    model.VARIANTS, after a leading 'moe_' (the MoE twin); None if none."""
-    from model import VARIANTS   # here: a summary need not import torch
-    parts = name.removeprefix("moe_").split("_")
-    return next(("_".join(parts[:i]) for i in range(len(parts), 0, -1)
-                 if "_".join(parts[:i]) in VARIANTS), None)

@@ -81,14 +81,12 @@ def run_args(v, max_iters, extra, seed, run_dir, tokens=None, node=False):
     return [*sizing(iters), *rest, *extra, f"--seed={seed}", f"--out_dir={run_dir}"]
 
 
-@functools.lru_cache(maxsize=None)
 def train_config(config, overrides=()):
-    """train.py's config for a config file and overrides, as train.py would see it (without
-    running it): config/defaults.py's values, then the file, then the overrides."""
-    from configurator import ConfigError, configure
-    from config.defaults import DEFAULTS   # here: a summary need not import torch
+    """config.defaults.train_config, a bad value one sentence."""
+    from config.defaults import train_config as resolve
+    from configurator import ConfigError
     try:
-        return configure(DEFAULTS, [os.path.join(ROOT, config), *overrides])
+        return resolve(config, tuple(overrides))
     except ConfigError as e:
         raise SystemExit(f"error: {e}") from None
 
@@ -643,31 +641,15 @@ def choose_variants(a, p, grids):
     return full, [v for v in full if v.name in want]
 
 
-def variant_flags(config, overrides=()):
-    """{flag: value} of the variant flags (scale_vectors, model.VECTOR_FLAGS, sv_weight_decay) a
-    config file and train.py's --key=value overrides give, as train.py resolves them."""
-    from model import VECTOR_FLAGS
-    cfg = train_config(config, tuple(overrides))
-    return {k: cfg[k] for k in ("scale_vectors", *VECTOR_FLAGS, "sv_weight_decay")}
-
-
-def named_flags(name):
-    """The variant flags of model.VARIANTS[name]: its entry over every flag's default."""
-    from config.defaults import DEFAULTS
-    from model import VARIANTS, VECTOR_FLAGS
-    return {k: VARIANTS[name].get(k, DEFAULTS[k])
-            for k in ("scale_vectors", *VECTOR_FLAGS, "sv_weight_decay")}
-
-
 def check_named(spec, v):
-    """An --add row named as a variant of model.VARIANTS (or its MoE twin, moe_NAME) must run that
-    variant's flags, since results are read by their row's name; returns the row."""
-    from model import VARIANTS
+    """An --add row named as a variant of config/variants.py (or its MoE twin, moe_NAME) must run
+    that variant's flags, since results are read by their row's name; returns the row."""
+    from config.variants import VARIANTS, flags_of, named_flags
     name = v.name.removeprefix("moe_")
-    got, want = (variant_flags(v.config, v.overrides), named_flags(name)) if name in VARIANTS \
+    got, want = (flags_of(train_config(v.config, v.overrides)), named_flags(name)) if name in VARIANTS \
         else ({}, {})
     for k in (k for k in want if got[k] != want[k]):
-        raise SystemExit(f"error: --add={spec}: {v.name!r} names model.VARIANTS[{name!r}], which "
+        raise SystemExit(f"error: --add={spec}: {v.name!r} names config/variants.py's {name!r}, which "
                          f"has {k}={want[k]!r}, but {' '.join([v.config, *v.overrides])} runs "
                          f"{k}={got[k]!r}: give the row another name or that variant's flags")
     return v

@@ -37,7 +37,8 @@ if str(ROOT) not in sys.path:   # the core, for `python study/walkthrough.py` an
 import checkpoint  # noqa: E402
 from dataset import TokenFile, dataset_dir, load_meta  # noqa: E402
 import telemetry  # noqa: E402
-from model import GPT, GPTConfig, VARIANTS, optimizer_step  # noqa: E402
+from config.variants import VARIANTS  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
 
 parser = argparse.ArgumentParser(description="The paper's argument on a small model: g per "
                                  "layer, folding, preconditioning, baseline against unified.")
@@ -121,8 +122,9 @@ def train(flags):
     torch.manual_seed(args.seed)
     model = GPT(GPTConfig(vocab_size=meta["vocab_size"], **SIZE,
                           **{k: v for k, v in flags.items() if k != "sv_weight_decay"}))
-    opts = model.configure_optimizers(0.1, flags.get("sv_weight_decay", "none"),
-                                      args.learning_rate, (0.9, 0.99), "cpu")
+    opts = model.configure_optimizers(learning_rate=args.learning_rate, weight_decay=0.1,
+                                      betas=(0.9, 0.99),
+                                      sv_weight_decay=flags.get("sv_weight_decay", "none"))
     warmup, losses = max(args.max_iters // 10, 1), []
     for it in range(args.max_iters):
         progress = max(it - warmup, 0) / max(args.max_iters - warmup, 1)
@@ -135,7 +137,9 @@ def train(flags):
         _, loss = model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer_step(opts)
+        for opt in opts:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
     return model.eval(), losses
 

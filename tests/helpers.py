@@ -16,6 +16,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 import model as model_py  # noqa: E402
+from config import variants  # noqa: E402
 from model import GPT, ScaleVector  # noqa: E402
 
 # ---- models -------------------------------------------------------------------------------------
@@ -28,10 +29,10 @@ def model_flags(flags):
     return {k: v for k, v in flags.items() if k != "sv_weight_decay"}
 
 
-# model.VARIANTS as models: one name per distinct set of GPTConfig flags (gemma_none, _iwd and _all
+# config/variants.py's VARIANTS as models: one name per distinct set of GPTConfig flags (gemma_none, _iwd and _all
 # are one model), plus "moe" and "moe_unified"
 VARIANTS = {}
-for _name, _flags in model_py.VARIANTS.items():
+for _name, _flags in variants.VARIANTS.items():
     if model_flags(_flags) not in VARIANTS.values():
         VARIANTS[_name.replace("_none", "")] = model_flags(_flags)
 VARIANTS["moe"] = dict(MOE, moe_dense_layers=1)
@@ -79,7 +80,7 @@ def expected_decay(model, name, policy):
     """Is the parameter decayed? Matrices and embeddings always; a vector as the policy's entry
     says of its declared class (DESIGN.md, "Weight decay on scale vectors")."""
     cls = declared_class(model, name)
-    return cls == "matrix" or cls in model_py.DECAY_POLICIES[policy].decays
+    return cls == "matrix" or cls in model_py.DECAY_POLICIES[policy]
 
 
 # ---- an independent Llama forward over an export -----------------------------------------------

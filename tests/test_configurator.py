@@ -215,7 +215,8 @@ def test_validation_does_not_rely_on_assert():
 
 
 # ---- train.py's allowed values: one sentence naming the key, its value and the range ------------
-from configurator import TRAIN_RULES, check_device  # noqa: E402
+from config.defaults import TRAIN_RULES  # noqa: E402
+from configurator import check_device  # noqa: E402
 
 from config.defaults import DEFAULTS as TRAIN  # noqa: E402
 

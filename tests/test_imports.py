@@ -19,7 +19,7 @@ def modules():
     for folder in FOLDERS:
         for f in os.listdir(os.path.join(ROOT, folder)):
             if f.endswith(".py") and f != "__init__.py" and (folder != "config"
-                                                              or f == "defaults.py"):
+                                                              or f in ("defaults.py", "variants.py")):
                 found[f"{folder}.{f[:-3]}"] = os.path.join(folder, f)
     return found
 

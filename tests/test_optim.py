@@ -64,7 +64,7 @@ def test_sv_decay_sets_the_vectors_decay_apart_from_the_matrices(policy):
     weight_decay; iwd_blocks spares g_final, the class sv_final."""
     model = GPT(GPTConfig(**TINY, qk_norm=True, post_norm=True))
     names = {id(p): n for n, p in model.named_parameters()}
-    decayed = model_py.DECAY_POLICIES[policy].decays
+    decayed = model_py.DECAY_POLICIES[policy]
     for g in model.param_groups(0.1, policy, sv_decay=1.0):
         want = 0.1 if g["name"] in ("matrix", "embedding") else 1.0 if g["name"] in decayed else 0
         assert g["weight_decay"] == want, (policy, g["name"])

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from helpers import ROOT, final_state, finish, model_py, records, start, train
+from config.variants import VARIANTS
 from model import GPT, GPTConfig
 
 
@@ -172,7 +173,7 @@ def test_bad_input_is_one_sentence_and_leaves_the_existing_run_as_it_was(
 PINNED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pinned_run.json")
 PINNED_STEPS = 30
 PINNED_RUNS = {"baseline": [],
-               "unified": [f"--{k}={v}" for k, v in model_py.VARIANTS["unified"].items()]}
+               "unified": [f"--{k}={v}" for k, v in VARIANTS["unified"].items()]}
 
 
 def pinned_args(out):

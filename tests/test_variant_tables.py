@@ -20,13 +20,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import configurator
+from config import defaults as config_defaults
 from tools import export_hf
 import model as model_py
 from helpers import (MOE, ROOT, TINY, declared_class, expected_decay, llama_forward, make,
                      model_flags, randomize_scale_vectors, tokens)
 from model import AFTER_NORM, ScaleVector
-from study.grids import GRIDS, variant_of
-from study.reproduce import named_flags, variant_flags
+from config.variants import VARIANTS, flags_of, named_flags, variant_of
+from config.defaults import train_config
+from study.grids import GRIDS
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -261,25 +263,25 @@ def check_none_folds(label, model, names, idx):
 
 def check_decay_groups(reparam, placement, policy):
     """The optimizer groups decay exactly what each vector's declaration and the policy's entry
-    say (matrices and embeddings always), and pull a policy's target for g, not for the raw
-    parameters; a target no raw parameters give is refused in one sentence (ER's g is never 0)."""
+    say (matrices and embeddings always), every parameter in exactly one group."""
     for label, kw in models(reparam, placement):
         model = make(**kw)
         names = {id(p): n for n, p in model.named_parameters()}
-        try:
-            groups = model.param_groups(0.1, policy)
-        except ValueError as e:
-            assert "has no raw parameters where g =" in str(e) and "\n" not in str(e), str(e)
-            assert model_py.DECAY_POLICIES[policy].decays, f"{label}, {policy!r}: {e}"
-            continue
-        assert sorted(names[id(p)] for g in groups for p in g["params"]) == sorted(names.values())
+        groups = model.param_groups(0.1, policy)
+        grouped = sorted(names[id(p)] for g in groups for p in g["params"])
+        assert grouped == sorted(names.values()), (
+            f"{label}: not every parameter in exactly one group: "
+            f"{sorted(set(names.values()) ^ set(grouped)) or 'some twice'}")
         for g in groups:
-            decayed = g["weight_decay"] > 0 or g.get("decay", 0) > 0
             for p in g["params"]:
-                assert decayed == expected_decay(model, names[id(p)], policy), \
-                    f"{label}, sv_weight_decay={policy!r}: {names[id(p)]}"
-                assert g["name"] == declared_class(model, names[id(p)]) or g["name"] in (
-                    "matrix", "embedding"), f"{label}: {names[id(p)]} is not in its declared class"
+                name, want = names[id(p)], expected_decay(model, names[id(p)], policy)
+                assert (g["weight_decay"] > 0) == want, (
+                    f"{label}, sv_weight_decay={policy!r}: {name} is "
+                    f"{'not ' if want else ''}meant to be decayed, its group {g['name']!r} has "
+                    f"weight_decay={g['weight_decay']}")
+                assert g["name"] in ("matrix", "embedding", declared_class(model, name)), (
+                    f"{label}: {name} is in group {g['name']!r}, not in its declared class "
+                    f"{declared_class(model, name)!r}")
 
 
 def check_compiles_in_one_graph(reparam, placement):
@@ -470,62 +472,6 @@ def test_every_vector_flag_is_listed():
     check_every_vector_flag_is_listed()
 
 
-# ---- a decay target is a target for g -----------------------------------------------------------
-
-def check_pull_toward(policy, reparam):
-    """optimizer_step with zero gradients (Adam's update is then 0) leaves only the decay: AdamW's
-    p * (1 - lr * wd) for matrices; every decayed g (not its raw parameters) reaches the policy's
-    target, whatever the reparameterization; a vector not decayed does not move. A target that no
-    raw parameters give is refused in one sentence: then AdamW's decay (to raw zero, target 0)
-    would have led g elsewhere. train.py's table names a pull."""
-    lr, wd, t = 0.5, 1.0, model_py.DECAY_POLICIES[policy].toward   # a step halves the distance
-    model = make(sv_placement="dnp", sv_reparam=reparam, sv_hetero=True, tie_embeddings=False)
-    randomize_scale_vectors(model)
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    try:
-        opt = torch.optim.AdamW([{**g, "base_lr": lr} for g in model.param_groups(wd, policy)],
-                                lr=lr)
-    except ValueError as e:
-        assert str(e).startswith(f"sv_reparam={reparam!r} has no raw parameters where g = "), e
-        with torch.no_grad():
-            for p in model.g_final.parameters():
-                p.zero_()
-        assert t == 0 and not torch.allclose(model.g_final(), torch.zeros(1)), (policy, reparam)
-        return
-    for step in range(60):
-        for p in model.parameters():
-            p.grad = torch.zeros_like(p)
-        model_py.optimizer_step([opt])
-        for n, p in model.named_parameters() if step == 0 else ():
-            assert p.grad is None, "optimizer_step ends with zero_grad"
-            if declared_class(model, n) == "matrix":
-                assert torch.allclose(p, before[n] * (1 - lr * wd), atol=1e-7, rtol=1e-6), n
-            elif not expected_decay(model, n, policy):
-                assert torch.equal(p, before[n]), n
-    for name, sv in vectors(model).items():
-        if expected_decay(model, f"{name}.{next(sv.named_parameters())[0]}", policy):
-            assert torch.allclose(sv(), torch.full_like(sv(), t), atol=1e-5), (
-                f"{policy} under {reparam!r} pulls {name} to {sv().flatten()[:3].tolist()}, not "
-                f"to g = {t:g}")
-    table = model_py.optimizer_table([opt])
-    assert all(f"{g['decay']} to g={t:g}" in table for g in opt.param_groups if "toward" in g), \
-        table
-
-
-@pytest.mark.parametrize("reparam", list(model_py.REPARAMS))
-@pytest.mark.parametrize("policy", list(model_py.DECAY_POLICIES))
-def test_a_decay_target_is_a_target_for_g(policy, reparam):
-    check_pull_toward(policy, reparam)
-
-
-def test_a_pull_toward_one_reaches_g_one_under_every_reparameterization(monkeypatch):
-    """A policy toward 1 pulled ER's raw parameters toward 1, which drove g to e (issue 32)."""
-    monkeypatch.setitem(model_py.DECAY_POLICIES, "to1",
-                        model_py.DecayPolicy(decays=("sv_input", "sv_output"), toward=1.0))
-    for reparam in model_py.REPARAMS:
-        check_pull_toward("to1", reparam)
-
-
 # ---- the README checklist, followed mechanically ------------------------------------------------
 
 def softplus_g(p, eps):
@@ -565,29 +511,29 @@ def register_the_toy_location(monkeypatch, attention=HeadGateAttention):
     """Steps 1-4 of the README's "new location", at run time (step 5, folding, and the generic
     tests need nothing; step 6, DESIGN.md's size table, is for a config file)."""
     monkeypatch.setattr(model_py, "GPTConfig", HeadGateConfig)
-    monkeypatch.setitem(configurator.TRAIN_RULES, "sv_headgate", configurator.boolean)   # step 2
+    monkeypatch.setitem(config_defaults.TRAIN_RULES, "sv_headgate", configurator.boolean)   # step 2
     monkeypatch.setitem(model_py.VECTOR_FLAGS, "sv_headgate", model_py.VectorFlag((False, True)))
     monkeypatch.setattr(model_py, "Attention", attention)
 
 
 def test_the_readme_checklist_on_toy_entries(monkeypatch):
     """README "Forking: a new variant": one entry per table, registered at runtime, gets every
-    generic check with no other edit: a reparameterization "sp", a placement "dp2" (a copy of DP's
-    entry), a decay policy "to1" that pulls every vector toward 1; and a new location (a per-head
-    gate before W_o, one flag) gets them too."""
-    # g = t where softplus(a) = t * softplus(0) = t log 2 (never 0: a policy toward 0 is refused)
-    monkeypatch.setitem(model_py.REPARAMS, "sp", model_py.Reparam(
-        params=dict(a=("vector", lambda eps, t: math.log(math.expm1(t * math.log(2))))),
-        g=softplus_g))
+    generic check with no other edit, and train.py takes its name: a reparameterization "sp", a
+    placement "dp2" (a copy of DP's entry), a decay policy "blocks_all" (every vector but
+    g_final); and a new location (a per-head gate before W_o, one flag) gets them too."""
+    # g = 1 where softplus(a) = softplus(0): a = 0
+    monkeypatch.setitem(model_py.REPARAMS, "sp", model_py.Reparam(params=dict(a=("vector", 0.0)),
+                                                                  g=softplus_g))
     monkeypatch.setitem(model_py.PLACEMENTS, "dp2", model_py.PLACEMENTS["dp"])
-    monkeypatch.setitem(model_py.DECAY_POLICIES, "to1",
-                        model_py.DecayPolicy(decays=("sv_input", "sv_output"), toward=1.0))
+    monkeypatch.setitem(model_py.DECAY_POLICIES, "blocks_all", ("sv_input", "sv_output"))
     for reparam, placement in (("sp", "pre"), ("sp", "dnp"), ("or", "dp2")):
         check_all(reparam, placement)
     check_export_refuses_exactly_what_cannot_fold("dp2")
-    check_pull_toward("to1", "sp")
+    configurator.configure(dict(sv_reparam="none", sv_placement="pre", sv_weight_decay="none"),
+                           ["--sv_reparam=sp", "--sv_placement=dp2",
+                            "--sv_weight_decay=blocks_all"], config_defaults.TRAIN_RULES)
     register_the_toy_location(monkeypatch)
-    configurator.configure({"sv_headgate": False}, ["--sv_headgate=True"], configurator.TRAIN_RULES)
+    configurator.configure({"sv_headgate": False}, ["--sv_headgate=True"], config_defaults.TRAIN_RULES)
     for reparam, placement in (("none", "pre"), ("er", "dp"), ("none", "dnp")):
         check_all(reparam, placement)
     check_no_flag_is_inert()
@@ -620,18 +566,24 @@ def test_a_wrong_toy_location_fails_the_generic_checks(monkeypatch, toy, fails):
         check_all("none", "pre")
 
 
-def test_a_vector_that_declares_nothing_it_can_use_is_refused_naming_it(monkeypatch):
-    """fold_scale_vectors (and the decay classes, and export) raise for an undeclared vector, or one
-    that names a weight the model does not have: before, folding skipped it silently."""
-    for declared in ((), None, (("prj.weight", "columns"),), (("proj.weight", "sideways"),),
-                     (("proj.weight", "rows"),)):   # proj has 32 rows, the gate 2 entries
-        monkeypatch.setattr(HeadGateAttention, "DECLARED", declared)
-        register_the_toy_location(monkeypatch)
-        model = make(sv_headgate=True)
-        for call in (model.fold_scale_vectors, model.param_classes,
-                     lambda: export_hf.hf_export(model)):
-            with pytest.raises(ValueError, match=r"^blocks\.0\.attn\.gate declares folds_into="):
-                call()
+@pytest.mark.parametrize("declared", [(), None, (("proj.weight", "sideways"),)])
+def test_a_declaration_of_no_site_is_refused_when_the_vector_is_built(monkeypatch, declared):
+    register_the_toy_location(monkeypatch, type("Toy", (HeadGateAttention,),
+                                                {"DECLARED": declared}))
+    with pytest.raises(ValueError, match=r"^ScaleVector: folds_into must be AFTER_NORM or"):
+        make(sv_headgate=True)
+
+
+@pytest.mark.parametrize("declared", [(("prj.weight", "columns"),), (("proj.weight", "rows"),)])
+def test_a_declaration_the_model_cannot_fold_fails_the_generic_checks(monkeypatch, declared):
+    """A weight the model has not, or one whose shape the vector does not fit (proj has 32 rows,
+    the gate 2 entries): folding names the vector, and the generic checks fail."""
+    register_the_toy_location(monkeypatch, type("Toy", (HeadGateAttention,),
+                                                {"DECLARED": declared}))
+    with pytest.raises(ValueError, match=r"^blocks\.0\.attn\.gate declares folds_into="):
+        make(sv_headgate=True).fold_scale_vectors()
+    with pytest.raises((AssertionError, KeyError, RuntimeError, AttributeError)):
+        check_folding("none", "pre")
 
 
 # ---- README's variants table says where each flag's vectors act, as they declare ---------------
@@ -682,12 +634,12 @@ CONFIGS = sorted(f for f in os.listdir(os.path.join(ROOT, "config")) if f.endswi
 @pytest.mark.parametrize("config", CONFIGS)
 def test_a_config_file_sets_the_flags_of_its_name(config):
     name = variant_of(config[:-3].rsplit("_", 1)[0])
-    assert variant_flags(f"config/{config}") == named_flags(name), \
+    assert flags_of(train_config(f"config/{config}")) == named_flags(name), \
         f"config/{config} does not set the flags of model.VARIANTS[{name!r}]"
 
 
 def test_every_named_variant_builds_and_has_a_char_config():
-    for name, flags in model_py.VARIANTS.items():
+    for name, flags in VARIANTS.items():
         model_py.GPTConfig(**TINY, **model_flags(flags))
         assert flags.get("sv_weight_decay", "none") in model_py.DECAY_POLICIES, name
         assert f"{name}_char.py" in CONFIGS or name.endswith(("_novec", "_noiwd")), name
@@ -700,6 +652,6 @@ def test_a_grid_row_runs_the_flags_of_its_name():
             name = variant_of(v.name)
             assert name is not None, (
                 f"grid {grid}: row {v.name!r} is named after no model.VARIANTS entry")
-            assert variant_flags(v.config, v.overrides) == named_flags(name), \
+            assert flags_of(train_config(v.config, tuple(v.overrides))) == named_flags(name), \
                 f"grid {grid}: row {v.name!r} ({v.config} {' '.join(v.overrides)}) " \
                 f"is not model.VARIANTS[{name!r}]"

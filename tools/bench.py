@@ -39,9 +39,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from config.defaults import DEFAULTS
-from configurator import TRAIN_RULES, ConfigError, at_least, check_device, configure, one_of
-from model import GPT, GPTConfig, default_device, peak_flops
+from config.defaults import DEFAULTS, TRAIN_RULES
+from configurator import ConfigError, at_least, check_device, configure, default_device, one_of
+from model import GPT, GPTConfig, peak_flops
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 # a compared configuration runs as `python -m tools.bench` in the caller's folder (its data/)

@@ -40,8 +40,8 @@ import time
 import warnings
 
 from checkpoint import read_metrics
+from config.defaults import train_config
 from configurator import ConfigError, check_device, configure, one_of
-from config.defaults import DEFAULTS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 
@@ -119,11 +119,6 @@ def last_line(text):
     return (text.strip().splitlines() or ["(no output)"])[-1]
 
 
-def train_config(config, overrides=()):
-    """train.py's config of a config file and overrides, as train.py would see it."""
-    return configure(DEFAULTS, [os.path.join(ROOT, config), *overrides])
-
-
 # ---- 1. the CUDA-only tests ------------------------------------------------------------------
 def check_cuda_tests(device):
     """On a CPU the same pytest line runs: its CUDA tests skip, and the check is a SKIP."""
@@ -143,7 +138,7 @@ def compile_matches_eager(config, device, settings, rtol=1e-3):
     import torch
     from dataclasses import fields
     from model import GPT, GPTConfig
-    cfg = train_config(config, settings["compile"])
+    cfg = train_config(config, tuple(settings["compile"]))
     torch.backends.cuda.matmul.allow_tf32 = False   # both sides in true float32
     # RoPE's complex product stays an eager op in the compiled graph: slower, not different
     warnings.filterwarnings("ignore", "Torchinductor does not support code generation for complex")

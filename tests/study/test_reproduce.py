@@ -173,17 +173,17 @@ def test_an_added_row_carries_a_claim_and_a_sign():
 
 def test_an_added_row_named_as_a_variant_must_run_its_flags(tmp_path, capsys):
     """Issue 32: --add='unified_novec:config/unified_char.py::...' ran unified under the control's
-    name. A name of model.VARIANTS (or moe_NAME) is checked against the flags its config file and
+    name. A name of config/variants.py (or moe_NAME) is checked against the flags its config file and
     overrides resolve to; any other name is free."""
     base = ["--grid=lr", "--dry_run", "--seeds=1", f"--results_dir={tmp_path}"]
     with pytest.raises(SystemExit) as e:
         reproduce.main([*base, "--add=unified_novec:config/unified_char.py::baseline_lr1e-3"])
     assert str(e.value.code) == (
         "error: --add=unified_novec:config/unified_char.py::baseline_lr1e-3: 'unified_novec' names "
-        "model.VARIANTS['unified_novec'], which has sv_placement='dnp_novec', but "
+        "config/variants.py's 'unified_novec', which has sv_placement='dnp_novec', but "
         "config/unified_char.py runs sv_placement='dnp': give the row another name or that "
         "variant's flags")
-    with pytest.raises(SystemExit, match="'moe_dp' names model.VARIANTS\\['dp'\\]"):
+    with pytest.raises(SystemExit, match="'moe_dp' names config/variants.py's 'dp'"):
         reproduce.main([*base, "--add=moe_dp:config/moe_baseline_char.py"])
     for ok in ("unified_novec:config/unified_char.py:--sv_placement=dnp_novec:baseline_lr1e-3",
                "unified_headgate:config/unified_char.py:--n_head=2:baseline_lr1e-3"):

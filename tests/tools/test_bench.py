@@ -13,7 +13,7 @@ from tools import gpu_check
 from configurator import ConfigError
 from conftest import ROOT
 from helpers import ENV, records, train
-from model import VARIANTS
+from config.variants import VARIANTS
 from config.defaults import DEFAULTS
 
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=2",

@@ -1,0 +1,56 @@
+"""
+The paper's named variants: the flags of each (GPTConfig's and train.py's sv_weight_decay), and
+the helpers that read them. config/<name>_char.py and config/<name>_124m.py set a variant's flags,
+a grid row of study/grids.py is named after one; tests/test_variant_tables.py checks every config
+file and grid row against this table. model.py never reads it.
+"""
+UNIFIED = dict(sv_hetero=True, sv_placement="dnp", sv_reparam="or",   # paper 4
+               sv_weight_decay="iwd")
+GEMMA = dict(qk_norm=True, post_norm=True)   # Gemma-style Output-Norms: QK-norm and post-norms
+VARIANTS = {
+    "baseline": {},
+    "noscale": dict(scale_vectors=False),
+    "hetero": dict(sv_hetero=True),
+    "dp": dict(sv_placement="dp"),
+    "dnp": dict(sv_placement="dnp"),
+    "dnp_head": dict(sv_placement="dnp", sv_dnp_width="head"),
+    "dnp_novec": dict(sv_placement="dnp_novec"),
+    "or": dict(sv_reparam="or"),
+    "er": dict(sv_reparam="er"),
+    "iwd": dict(sv_weight_decay="iwd"),
+    "iwd_blocks": dict(sv_weight_decay="iwd_blocks"),
+    "gemma_none": dict(GEMMA, sv_weight_decay="none"),
+    "gemma_iwd": dict(GEMMA, sv_weight_decay="iwd"),
+    "gemma_all": dict(GEMMA, sv_weight_decay="all"),
+    "gemma_iwd_blocks": dict(GEMMA, sv_weight_decay="iwd_blocks"),
+    "gemma_owd": dict(GEMMA, sv_weight_decay="owd"),
+    "unified": UNIFIED,
+    "unified_head": dict(UNIFIED, sv_dnp_width="head"),
+    "unified_novec": dict(UNIFIED, sv_placement="dnp_novec"),
+    "unified_noiwd": dict(UNIFIED, sv_weight_decay="none"),
+}
+
+
+def variant_of(name):
+    """The named variant a config file or grid row is named after: its longest '_'-prefix in
+    VARIANTS, after a leading 'moe_' (the MoE twin); None if none."""
+    parts = name.removeprefix("moe_").split("_")
+    return next(("_".join(parts[:i]) for i in range(len(parts), 0, -1)
+                 if "_".join(parts[:i]) in VARIANTS), None)
+
+
+def flag_keys():
+    from model import VECTOR_FLAGS   # here: a summary need not import torch
+    return ("scale_vectors", *VECTOR_FLAGS, "sv_weight_decay")
+
+
+def flags_of(cfg):
+    """{flag: value} of the variant flags (scale_vectors, model.VECTOR_FLAGS, sv_weight_decay) of
+    train.py's config (config.defaults.train_config: a config file and --key=value overrides)."""
+    return {k: cfg[k] for k in flag_keys()}
+
+
+def named_flags(name):
+    """The variant flags of VARIANTS[name]: its entry over every flag's default."""
+    from config.defaults import DEFAULTS
+    return {k: VARIANTS[name].get(k, DEFAULTS[k]) for k in flag_keys()}
