@@ -18,11 +18,14 @@ kinds of rule (at_least, one_of, key_of, ...), and imports nothing of the projec
 """
 import ast
 import difflib
+import io
 import math
 import os
 import re
 import runpy
 import sys
+import textwrap
+import tokenize
 import types
 
 
@@ -90,19 +93,29 @@ def _parse(key, raw, default):
                           f"could not parse {raw!r} (from --{key}={raw})") from None
 
 
-def configure(defaults: dict, argv: list, rules=None, pair_rules=()) -> dict:
-    """Return a copy of defaults updated by each config file in argv (positional
-    args, in order) and then by each --key=value; each value then meets its rule, and the
-    config every rule on several keys (PAIR_RULES)."""
+BOOL_WORDS = ("true", "false", "yes", "no", "on", "off", "0", "1")
+
+
+def configure(defaults: dict, argv: list, rules=None, pair_rules=(), usage="", comments=None):
+    """Return a copy of defaults updated by each config file in argv (positional args, in order)
+    and then by each --key=value; each value then meets its rule, and the config every rule on
+    several keys (pair_rules: (ok(config), why(config))). -h/--help prints `usage` (a script's
+    docstring), then a line per key: its default, `comments` (a dict, or a function returning
+    one: key_comments) and the values its rule allows."""
     if "-h" in argv or "--help" in argv:
-        for k in sorted(defaults):
-            print(f"--{k}={defaults[k]!r}  ({type(defaults[k]).__name__})")
+        comments = comments() if callable(comments) else comments or {}
+        print(help_text(defaults, rules or {}, usage, comments))
         raise SystemExit(0)
     files, overrides = [], []
-    for arg in argv:
+    for i, arg in enumerate(argv):
         if arg.startswith("--"):
             key, eq, raw = arg[2:].partition("=")
             if not eq and isinstance(defaults.get(key), bool):
+                word = argv[i + 1] if i + 1 < len(argv) else ""
+                if word.lower() in BOOL_WORDS:   # `--compile false` would turn compile on
+                    raise ConfigError(f"bad arguments '{arg} {word}': a bare {arg} means "
+                                      f"{arg}=True; write {arg}={word.capitalize()}"
+                                      .replace("=0", "=False").replace("=1", "=True"))
                 raw = "True"   # a bare --compile means --compile=True, as argparse's store_true
             elif not eq:
                 _known(key, defaults, f"from {arg}")
@@ -112,7 +125,7 @@ def configure(defaults: dict, argv: list, rules=None, pair_rules=()) -> dict:
         elif os.path.isfile(arg):
             files.append(arg)
         else:
-            raise ConfigError(f"config file not found: {arg!r}")
+            raise ConfigError(f"config file not found: {arg!r}{nearest_file(arg)}")
     config = dict(defaults)
     for path in files:
         for key, value in _run_file(path).items():
@@ -135,6 +148,73 @@ def default_device():
     if torch.cuda.is_available():
         return "cuda"
     return "mps" if torch.backends.mps.is_available() else "cpu"
+
+
+def nearest_file(path):
+    """"; did you mean 'config/shakespeare_char.py'?" for the .py file beside `path` closest to
+    it, or ""."""
+    folder = os.path.dirname(path) or "."
+    try:
+        names = [os.path.join(os.path.dirname(path), n) for n in os.listdir(folder)
+                 if n.endswith(".py")]
+    except OSError:
+        return ""
+    close = difflib.get_close_matches(path, names, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def shown(value):
+    plain = isinstance(value, str) and value.isprintable() and value.strip() == value != ""
+    return value if plain else repr(value)
+
+
+def help_text(defaults, rules, usage, comments):
+    """--help: the usage, then per key its default, what it is and the values it allows."""
+    lines = [usage.strip("\n"), "",
+             "Keys, each --key=value with its default (a True/False key may stand alone: "
+             "--compile); config", "files come first, then the --key=value overrides:"]
+    for k, v in defaults.items():
+        text = " ".join(filter(None, (comments.get(k, ""), f"[{rules[k][1]}]" if k in rules
+                                      else f"[{type(v).__name__}]")))
+        lines += textwrap.wrap(text, 99, initial_indent=f"  --{k}={shown(v)}".ljust(30) + " ",
+                               subsequent_indent=" " * 31)
+    return "\n".join(lines)
+
+
+def key_comments(*paths):
+    """{name: its comment} for the assignments in the source files `paths` (config/defaults.py,
+    model.py's GPTConfig, a script's own keys): the comment after `name = value` or
+    `name: type = value` and the comment lines that continue it, or else the comment lines just
+    above it. The first file that has a name wins."""
+    out = {}
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+        for i, line in enumerate(lines):
+            m = re.match(r"( {0,4})(\w+)\s*(?::[^=]*)?=[^=]", line)
+            if not m or m.group(2) in out:
+                continue
+            comment = [c for c in [comment_of(line)] if c]
+            j = i + 1
+            while comment and j < len(lines) and re.match(r"\s{8,}#", lines[j]):
+                comment.append(lines[j].strip()[1:].strip())
+                j += 1
+            k = i - 1   # a block of comments above, at the name's indentation, not a ---- header
+            while not comment and k >= 0 and lines[k].startswith(m.group(1) + "#") \
+                    and not lines[k].strip().startswith("# ----"):
+                k -= 1
+            above = [x.strip()[1:].strip() for x in lines[k + 1:i]] if k < i - 1 else []
+            out[m.group(2)] = " ".join(comment or above)
+    return out
+
+
+def comment_of(line):
+    """The comment that ends a line of code, or None (a # inside a string is not one)."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(line).readline))
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return None
+    return next((t.string[1:].strip() for t in tokens if t.type == tokenize.COMMENT), None)
 
 
 # ---- allowed values ------------------------------------------------------------------------------

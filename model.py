@@ -146,23 +146,23 @@ VECTOR_FLAGS = dict(sv_hetero=VectorFlag((False, True)), sv_placement=VectorFlag
 
 @dataclass
 class GPTConfig:
-    block_size: int = 1024
+    block_size: int = 1024       # the context: tokens per sequence
     vocab_size: int = 50257      # the tokenizer's; the embedding is padded to vocab_pad
     vocab_pad: int = 64          # rows rounded up for fast matmuls; padded ids are never sampled
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
+    n_layer: int = 12            # blocks
+    n_head: int = 12             # attention heads
+    n_embd: int = 768            # the width of the residual stream
     # 0: 8/3 * n_embd rounded up to a multiple of 32 (Llama: as many weights as a 4x GELU MLP)
     mlp_hidden: int = 0
-    tie_embeddings: bool = True
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-6
+    tie_embeddings: bool = True  # the head is the embedding (its g_final folds into it untied)
+    rope_theta: float = 10000.0  # RoPE's base
+    norm_eps: float = 1e-6       # the eps of every Norm, OR's too
     # scale vectors: one flag per variant (DESIGN.md)
     scale_vectors: bool = True   # False: every norm is parameter-free (paper Fig. 1 ablation)
     sv_hetero: bool = False      # HG, paper 3.1: one g_in per branch (q, k, v; gate, up)
-    sv_placement: str = "pre"    # a key of PLACEMENTS: "pre" | "dp" | "dnp" | ..., paper 3.2
-    sv_reparam: str = "none"     # a key of REPARAMS: "none" | "or" | "er", paper 3.3
-    sv_dnp_width: str = "full"   # width of DNP's g_out: "full" | "head" (DNP_WIDTHS)
+    sv_placement: str = "pre"    # DP, DNP: vectors on both sides of the maps (paper 3.2)
+    sv_reparam: str = "none"     # OR, ER: g as a magnitude times a direction (paper 3.3)
+    sv_dnp_width: str = "full"   # DNP's g_out: the map's width, or a head's ("head")
     qk_norm: bool = False        # g_q * Norm(q), g_k * Norm(k) per head (Output-Norm)
     post_norm: bool = False      # x + g_post * Norm(branch) (Output-Norm)
     # Mixture-of-Experts FFN in place of the dense SwiGLU (class MoE); n_experts=0: dense

@@ -15,22 +15,24 @@ import sys
 import torch
 
 import checkpoint
-from configurator import SAMPLE_RULES, ConfigError, check_device, configure, default_device
+from configurator import (SAMPLE_RULES, ConfigError, check_device, configure, default_device,
+                          key_comments)
 from dataset import dataset_dir, decode_stream, get_tokenizer, load_meta, meta_problem
 
-out_dir = "out"
+out_dir = "out"         # the run to sample from: its newest complete checkpoint
 start = "\n"            # the prompt, or FILE:path to read it from a file
-num_samples = 3
-max_new_tokens = 500
+num_samples = 3         # samples, one after another
+max_new_tokens = 500    # tokens per sample, after the prompt
 temperature = 0.8       # < 1 sharpens the distribution, > 1 flattens it; 0: greedy
 top_k = 200             # keep only the k most likely tokens (0: all)
-seed = 1337
+seed = 1337             # fixes the samples
 device = ""             # "" picks cuda, then mps, then cpu
 
 try:
     globals().update(configure({k: v for k, v in globals().items()
                                 if not k.startswith("_") and isinstance(v, (int, float, str))},
-                               sys.argv[1:], SAMPLE_RULES))
+                               sys.argv[1:], SAMPLE_RULES, usage=__doc__,
+                               comments=lambda: key_comments(__file__)))
     check_device(device)
 except ConfigError as e:
     sys.exit(f"error: {e}")

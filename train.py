@@ -28,14 +28,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import checkpoint
 import telemetry
 from checkpoint import CheckpointError
-from config.defaults import DEFAULTS, PAIR_RULES, TRAIN_RULES
+from config.defaults import DEFAULTS, PAIR_RULES, TRAIN_RULES, help_comments
 from configurator import ConfigError, check_device, configure, default_device, differing_configs
 from dataset import TokenFile, dataset_dir, load_meta, vocabulary
 from model import GPT, GPTConfig, peak_flops
 
 # ---- config: every key of config/defaults.py becomes a global here ----------------------------
 try:   # every check that needs no data comes first: nothing is written to out_dir before all pass
-    config = configure(DEFAULTS, sys.argv[1:], TRAIN_RULES, PAIR_RULES)
+    config = configure(DEFAULTS, sys.argv[1:], TRAIN_RULES, PAIR_RULES, __doc__, help_comments)
     check_device(config["device"])
     checkpoint.check_out_dir(config["out_dir"], config["init_from"], config["overwrite"])
 except (ConfigError, CheckpointError) as e:

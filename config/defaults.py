@@ -13,58 +13,57 @@ import math
 import os
 from dataclasses import fields
 
-from configurator import (DATASET, at_least, above, boolean, configure, device_name, folder,
-                          fraction, key_of, one_of)
+from configurator import (DATASET, above, at_least, boolean, configure, device_name, folder,
+                          fraction, key_comments, key_of, one_of)
 from model import DECAY_POLICIES, DNP_WIDTHS, PLACEMENTS, REPARAMS, GPTConfig
 
-# I/O
-out_dir = "out"
-eval_interval = 250
+# ---- I/O ----
+out_dir = "out"            # the run's folder: checkpoints, `latest`, metrics.jsonl
+eval_interval = 250        # evaluate, save a checkpoint and log the vectors every N steps
 eval_iters = 20            # fixed validation batches: the same ones at every eval and in every run
-log_interval = 10
-init_from = "scratch"      # "scratch" | "resume" (the newest complete checkpoint in out_dir)
+log_interval = 10          # print and log the training loss every N steps
+init_from = "scratch"      # "resume": the newest complete checkpoint in out_dir
 overwrite = False          # scratch into an out_dir that holds a run: True deletes its checkpoints
                            # and metrics
 resume_fallback = False    # on resume, skip a corrupt newest checkpoint for the one before it
-keep_checkpoints = 3
+keep_checkpoints = 3       # the newest N checkpoints stay, older ones are deleted
 final_eval = True          # at the end: the loss on the whole val split and on as many train tokens
 wandb_log = False          # also log to Weights & Biases (pip install wandb), rank 0 only
-wandb_project = "scale-vectors"
+wandb_project = "scale-vectors"   # the wandb project
 wandb_run_name = ""        # "": out_dir's name; a resumed run continues the same wandb run
-# data
+# ---- data ----
 dataset = "shakespeare_char"   # data/<dataset>/{train,val}.bin from prepare_data.py
 batch_size = 12            # sequences per micro-step and process
 gradient_accumulation_steps = 1   # micro-steps per optimizer step, summed over all processes
 train_tokens = 0           # train on the first N tokens of train.bin only (0: all of them): less
                            # text, the same validation split
-# model: every field of model.GPTConfig is a key too (block_size, n_layer, sv_hetero, ...); the
-# vocabulary's size comes from the dataset's meta.json, not from a key
+# ---- model: every field of model.GPTConfig is a key too (block_size, n_layer, sv_hetero, ...);
+# the vocabulary's size comes from the dataset's meta.json, not from a key ----
 globals().update({f.name: f.default for f in fields(GPTConfig) if f.name != "vocab_size"})
-# optimizer
-optimizer = "adamw"        # "adamw" | "muon": Muon for the 2-D hidden matrices, AdamW for the rest
-learning_rate = 6e-4       # AdamW's
-muon_lr = 0.0              # 0: learning_rate (Muon's update is scaled to AdamW's RMS,
-                           # "match_rms_adamw")
-muon_momentum = 0.95
-max_iters = 5000
-weight_decay = 0.1         # on matrices and embeddings
-sv_weight_decay = "none"   # which scale vectors get decayed, and toward what: a key of
-                           # model.DECAY_POLICIES ("none" | "all" | "iwd": Input-Norm vectors only)
-sv_decay = -1.0            # their weight decay; -1: weight_decay's value
-beta1 = 0.9
-beta2 = 0.95
-grad_clip = 1.0            # 0 disables
-# learning rate: linear warmup, then a schedule that ends at min_lr (as a fraction of each group's
-# lr)
-lr_schedule = "cosine"     # "cosine" | "wsd" (warmup-stable-decay) | "constant"
-warmup_iters = 100
-lr_decay_iters = 0         # 0: max_iters; the schedule's end
-min_lr = 6e-5
+# ---- optimizer ----
+optimizer = "adamw"        # "muon": Muon for the 2-D hidden matrices, AdamW for the rest
+learning_rate = 6e-4       # AdamW's peak rate
+muon_lr = 0.0              # Muon's peak rate; 0: learning_rate (Muon's update is scaled to AdamW's
+                           # RMS, "match_rms_adamw")
+muon_momentum = 0.95       # Muon's momentum
+max_iters = 5000           # optimizer steps
+weight_decay = 0.1         # AdamW's decoupled decay of the matrices and embeddings
+sv_weight_decay = "none"   # which scale vectors get decayed (model.DECAY_POLICIES): "iwd" the
+                           # Input-Norm ones, "owd" the Output-Norm ones, "all", or "none"
+sv_decay = -1.0            # the decayed vectors' weight decay; -1: weight_decay's value
+beta1 = 0.9                # AdamW's
+beta2 = 0.95               # AdamW's
+grad_clip = 1.0            # clip the gradient's norm to this; 0 disables
+# ---- learning rate: linear warmup, then a schedule that ends at min_lr ----
+lr_schedule = "cosine"     # "wsd": warmup-stable-decay; "constant"
+warmup_iters = 100         # steps of linear warmup
+lr_decay_iters = 0         # the schedule's end; 0: max_iters
+min_lr = 6e-5              # the rate at the schedule's end (the same fraction for Muon's)
 wsd_decay_frac = 0.2       # wsd: the last 20% of lr_decay_iters decay
 wsd_shape = "linear"       # wsd: "linear" | "1-sqrt" (Hagele et al. 2024)
-# system
+# ---- system ----
 device = ""                # "" picks cuda, then mps, then cpu
-dtype = ""                 # "float32" | "bfloat16" (autocast) | "float64" (a reference run); ""
+dtype = ""                 # "bfloat16" (autocast), "float32" or "float64" (a reference run); ""
                            # picks bfloat16 on CUDA, float32 elsewhere
 compile = False            # torch.compile the model
 seed = 1337                # fixes the initialization and the order of training batches
@@ -145,6 +144,12 @@ PAIR_RULES = [
                "parameters pulls g toward 1, not 0, which is not the decay the policy means; use "
                "sv_weight_decay='none', sv_decay=0, or sv_reparam='or' (DESIGN.md)"),
 ]
+
+
+def help_comments():
+    """{key: the comment beside its default}, here and in model.GPTConfig: train.py's --help."""
+    import model
+    return key_comments(__file__, model.__file__)
 
 
 @functools.lru_cache(maxsize=None)
