@@ -250,7 +250,6 @@ def key_of(table, name):
 
 
 DEVICE = re.compile(r"(cpu|cuda(:\d+)?|mps)?")
-DATASET = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")   # one folder under data/: no "..", no "/"
 
 # a string that names a folder, and one that names a device
 folder = (lambda v: v.strip() != "", "a folder name")

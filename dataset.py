@@ -12,6 +12,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -28,13 +29,18 @@ BYTE_EOT = 256
 BYTE_VOCAB = BYTE_EOT + 1
 TOKENIZERS = ("char", "gpt2", "byte")
 KNOWN = "'char', 'gpt2' or 'byte'"
+DATASET = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")   # one folder under data/: no "..", no "/"
 NAME_MAX = 255   # the longest name of one file or folder, in bytes (Linux: ext4, xfs, btrfs, tmpfs)
 
 
 def dataset_dir(name):
     """The folder of dataset `name`: data/<name> under the working directory (the one rule of every
-    tool); a name longer than a folder's can be is one sentence (SystemExit), not an OSError."""
+    tool); a name that is not one folder's (DATASET: no "/" or "..", at most NAME_MAX
+    bytes) is one sentence (SystemExit), not a path elsewhere or an OSError."""
     size = len(os.fsencode(name))
+    if DATASET.fullmatch(name) is None:   # ../../tmp/x would read /tmp/x/meta.json
+        raise SystemExit(f"error: the dataset name {name[:40]!r} is not one folder name under "
+                         "data/ (letters, digits, _ . -, not first a dot)")
     if size > NAME_MAX:
         raise SystemExit(f"error: the dataset name {name[:20]}... is {size} bytes long, and a "
                          f"folder's name is at most {NAME_MAX}: pick a shorter name")

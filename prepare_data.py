@@ -36,8 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-from configurator import DATASET
-from dataset import BYTE_EOT, BYTE_VOCAB, EOT, ROOT, dataset_dir, get_tokenizer, gpt2_encoding
+from dataset import (BYTE_EOT, BYTE_VOCAB, DATASET, EOT, ROOT, dataset_dir, get_tokenizer,
+                     gpt2_encoding)
 
 SHAKESPEARE = ROOT / "data/raw/tinyshakespeare.txt"
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
@@ -372,7 +372,7 @@ def prepare_fineweb(out_dir, name, num_tokens, val_tokens=None, processes=None, 
 # -----------------------------------------------------------------------------
 
 def dataset_name(name):
-    """--name: the folder under data/ that train.py's --dataset names (configurator.DATASET)."""
+    """--name: the folder under data/ that train.py's --dataset names (dataset.DATASET)."""
     if DATASET.fullmatch(name) is None:
         raise argparse.ArgumentTypeError(f"{name!r} is not one folder name "
                                          "(letters, digits, _ . -; no '/' or '..')")

@@ -9,12 +9,15 @@ token by token as it is sampled.
 Config files given as arguments are Python and are executed, as in train.py: run only those you
 trust.
 """
+import contextlib
 import itertools
+import os
 import sys
 
 import torch
 
 import checkpoint
+import telemetry
 from configurator import (SAMPLE_RULES, ConfigError, check_device, configure, default_device,
                           key_comments)
 from dataset import dataset_dir, decode_stream, get_tokenizer, load_meta, meta_problem
@@ -58,8 +61,12 @@ if meta["vocab_size"] != ckpt["model_args"].get("vocab_size"):
              "this checkpoint")
 encode, decode = get_tokenizer(meta)
 
-if start.startswith("FILE:"):
+if start.startswith("FILE:"):   # at most what the model can see: a prompt of block_size tokens
+    limit = 128 * model.config.block_size   # bytes; no token is longer than 128 bytes
     try:
+        if not os.path.isfile(start[5:]) or os.path.getsize(start[5:]) > limit:
+            sys.exit(f"error: the prompt file {start[5:]!r} is not a regular file of at most "
+                     f"{limit:,} bytes (the model sees {model.config.block_size} tokens): give one")
         with open(start[5:], encoding="utf-8") as f:
             start = f.read()
     except (OSError, UnicodeDecodeError) as e:
@@ -70,15 +77,26 @@ try:
     ids = encode(start)
 except ValueError as e:   # a character outside a char-level vocabulary
     sys.exit(f"error: the prompt cannot be encoded: {e}")
-if not ids:
-    sys.exit("error: the prompt encodes to no token: give a non-empty --start")
+if not ids or len(ids) > model.config.block_size:
+    sys.exit(f"error: the prompt encodes to {len(ids)} tokens, and the model takes 1 to "
+             f"{model.config.block_size} (its block_size): give a shorter, non-empty --start")
 x = torch.tensor(ids, dtype=torch.long, device=device)[None, :]
-print(checkpoint.describe(path, ckpt), flush=True)
+
+
+print(telemetry.describe(path, ckpt), flush=True)
 torch.manual_seed(seed)   # here: building the model drew from the generator too
-for _ in range(num_samples):
-    # each token is printed as it is sampled (a long sample on a busy CPU takes minutes)
-    new = (int(t) for t in model.generate_tokens(x, max_new_tokens, temperature=temperature,
-                                                  top_k=top_k or None))
-    for piece in decode_stream(decode, itertools.chain(ids, new)):
-        print(piece, end="", flush=True)
-    print("\n---------------", flush=True)
+try:
+    for _ in range(num_samples):
+        # each token is printed as it is sampled (a long sample on a busy CPU takes minutes)
+        tokens = model.generate_tokens(x, max_new_tokens, temperature=temperature,
+                                       top_k=top_k or None)
+        with contextlib.closing(tokens):   # closed here, not by the interpreter's exit
+            for piece in decode_stream(decode, itertools.chain(ids, map(int, tokens))):
+                print(piece, end="", flush=True)
+        print("\n---------------", flush=True)
+except KeyboardInterrupt:   # Ctrl-C: the line ends, no traceback
+    print(flush=True)
+    sys.exit(130)
+except BrokenPipeError:   # `| head`: the reader is gone; Python's flush at exit must not raise
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(141)   # as a process killed by SIGPIPE

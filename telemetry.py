@@ -5,9 +5,16 @@ What train.py logs of the scale vectors at every evaluation: each effective vect
 folded map W' = W diag(g), but it changes how W' trains: one step moves column j of W' by
 g_j^2 times what the folded model's own step would (SGD), by g_j times it under AdamW (which
 normalizes each entry's step), plus what the step of g itself adds.
+
+RunLog writes the records (out_dir/metrics.jsonl, and Weights & Biases when asked);
+read_metrics reads them back.
 """
+import json
+import os
+
 import torch
 
+import checkpoint
 from model import REPARAMS, MoE, ScaledLinear, ScaleVector
 
 
@@ -130,3 +137,90 @@ def slope(x, y):
         return None
     x = x - x.mean()
     return ((x @ (y - y.mean())) / (x @ x)).item()
+
+
+# ---- the run's log: metrics.jsonl, and wandb -------------------------------------------------
+
+class RunLog:
+    """out_dir/metrics.jsonl, a JSON record per line, and Weights & Biases when asked (as in
+    nanoGPT: its files in out_dir, a resumed run continues its run). resume_at: a resumed run's
+    step, after which what the interrupted run logged is dropped. wandb: wandb.init's arguments."""
+
+    def __init__(self, out_dir, resume_at=None, wandb=None):
+        path, self.out_dir, self.wandb = os.path.join(out_dir, "metrics.jsonl"), out_dir, None
+        if resume_at is not None:
+            trim_metrics(path, resume_at)
+        self.file = checkpoint.own_file(path, "a")
+        if wandb:
+            try:
+                import wandb as wb
+                self.wandb = wb.init(resume="allow", dir=out_dir, **wandb)
+            except ImportError:
+                raise SystemExit("error: --wandb_log=True needs wandb: pip install wandb") from None
+            except Exception as e:   # wandb.errors.UsageError: no API key, among others
+                raise SystemExit(f"error: wandb could not start ({str(e).splitlines()[0][:120]}):"
+                                 " log in with `wandb login`, run offline with "
+                                 "WANDB_MODE=offline, or drop --wandb_log") from None
+
+    def log(self, record=None, durable=False):
+        """Append a record; durable=True: fsync, as before a checkpoint (a resume trims to it)."""
+        try:
+            self.file.write(json.dumps(record) + "\n" if record else "")
+            self.file.flush()
+            if durable:
+                os.fsync(self.file.fileno())
+        except OSError as e:
+            raise SystemExit(f"error: {checkpoint.write_error(self.file.name, e, self.out_dir)}"
+                             ) from None
+        if self.wandb and record:
+            self.wandb.log({f"{record['kind']}/{k}": v for k, v in scalars(record).items()},
+                           step=record["iter"])
+
+
+def scalars(record, prefix=""):
+    """A record's numbers, nested keys joined by '/' (what wandb plots)."""
+    items = record.items() if isinstance(record, dict) else enumerate(record)
+    return {k: v for key, x in items for k, v in (
+        scalars(x, f"{prefix}{key}/").items() if isinstance(x, (dict, list)) else
+        [(f"{prefix}{key}", x)] if isinstance(x, (int, float)) and not isinstance(x, bool) else [])}
+
+
+def read_metrics(path):
+    """The records of a metrics.jsonl, and how many lines did not parse (torn by a kill)."""
+    records, torn = [], 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                torn += 1
+    return records, torn
+
+
+def trim_metrics(path, iter_num):
+    """On resume, drop what was logged after the checkpoint and any torn line (atomically)."""
+    records, torn = read_metrics(path) if os.path.exists(path) else ([], 0)
+    kept = [r for r in records if isinstance(r, dict) and r.get("iter", 0) <= iter_num]
+    if torn:
+        print(f"note: dropped {torn} line(s) of {path} that did not parse (a write cut short)")
+    if len(kept) < len(records) + torn:
+        text = "".join(json.dumps(r) + "\n" for r in kept)
+        checkpoint.atomic_write(path, lambda f: f.write(text.encode()))
+
+
+def describe(path, state):
+    """One line on a checkpoint for sample.py, from the run's log beside it: its step and the
+    validation loss its weights had (best_val_loss is the best up to the checkpoint; one saved on a
+    stop signal between evaluations says which evaluation came last)."""
+    it, best = state["iter_num"], state["best_val_loss"]
+    metrics = os.path.join(os.path.dirname(path), "metrics.jsonl")
+    evals = [r for r in (read_metrics(metrics)[0] if os.path.isfile(metrics) else [])
+             if isinstance(r, dict) and r.get("kind") == "eval" and isinstance(r.get("iter"), int)
+             and isinstance(r.get("val_loss"), (int, float)) and r["iter"] <= it]
+    if not evals:   # a checkpoint copied without its metrics.jsonl
+        return f"{path} (iteration {it}, best val loss {best:.4f} of the evaluations up to it)"
+    last = evals[-1]
+    if last["iter"] == it:
+        return f"{path} (iteration {it}, val loss {last['val_loss']:.4f}, best {best:.4f})"
+    return (f"{path} (iteration {it}, saved between evaluations: none since step {last['iter']}'s, "
+            f"val loss {last['val_loss']:.4f})")

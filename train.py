@@ -57,6 +57,14 @@ if ddp:
     differ = differing_configs(configs)
     if differ:   # every process finds it; the master says it
         sys.exit(f"error: {differ}" if rank == 0 else 1)
+
+    def peer_died(kind, e, tb):   # a process killed: the survivors' next collective raises
+        if isinstance(e, RuntimeError) and any(w in str(e) for w in ("gloo", "NCCL", "peer")):
+            print(f"error: another process of this job died ({str(e).splitlines()[0][:80]}...): "
+                  "continue from the last checkpoint with --init_from=resume", file=sys.stderr)
+        else:
+            sys.__excepthook__(kind, e, tb)
+    sys.excepthook = peer_died
 else:
     rank, world_size = 0, 1
 master = rank == 0
@@ -104,15 +112,26 @@ def train_batch(step, micro):
     return batch("train", rng.integers(0, len(splits["train"]) - block_size - 1, size=batch_size))
 
 
-def eval_starts(split, full=False):
-    """The rows an evaluation reads: eval_iters batches at evenly spaced, fixed offsets, identical
-    for every run and variant; full=True: windows that tile the whole val split, and as many from
-    the start of the train split (the tables' figure: the batches sample 15k of 111k val tokens)."""
+def eval_batches(split, full=False):
+    """This process's share of an evaluation's batches (x, y): eval_iters batches at evenly spaced,
+    fixed offsets, identical for every run and variant; full=True: every target of the val split
+    (windows that tile it, the last one shorter) and as many tokens from the start of the train
+    split (the tables' figure: the batches sample 15k of 111k val tokens), 16,384 tokens a batch
+    (an inference forward takes more than a training micro-batch; on a CPU, more is slower)."""
     if not full:
-        return np.linspace(0, len(splits[split]) - block_size - 1,
-                           eval_iters * batch_size).astype(np.int64)
-    n = min((len(splits[s]) - 1) // block_size for s in ("val", split))
-    return np.arange(n) * block_size
+        starts = np.linspace(0, len(splits[split]) - block_size - 1,
+                             eval_iters * batch_size).astype(np.int64)
+        rows = batch_size
+    else:
+        targets = len(splits["val"]) - 1
+        starts = np.arange(targets // block_size) * block_size
+        rows = max(batch_size, 2 ** 14 // block_size)
+    for k in range(rank * rows, len(starts), world_size * rows):
+        yield batch(split, starts[k : k + rows])
+    if full and targets % block_size and rank == 0:   # the last, shorter window
+        tail = torch.from_numpy(splits[split].read([len(starts) * block_size],
+                                                   targets % block_size + 1))
+        yield tail[:, :-1].to(device), tail[:, 1:].to(device)
 
 
 # ---- model and optimizers, from scratch or from the last checkpoint ----------------------------
@@ -157,23 +176,23 @@ wandb_id = (ckpt or {}).get("wandb_id") or os.urandom(4).hex()   # a resume cont
 ckpt = None   # free memory
 if compile:
     model = torch.compile(model)
+eval_model = model   # evaluations need no DDP: the processes sum their losses themselves
 if ddp:
     model = DDP(model, device_ids=[torch.device(device).index] if device_type == "cuda" else None)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def evaluate(full=False):
-    """Mean loss of each split over the rows of eval_starts, in batches shared out over the
-    processes and summed."""
+    """Mean loss of each split over the targets of eval_batches, shared out over the processes and
+    summed; with the model as the run has it (compiled or not)."""
     raw_model.eval()
     out = {}
     for split in ("train", "val"):
-        starts, total = eval_starts(split, full), torch.zeros(2, device=device, dtype=weights_dtype)
-        for k in range(rank * batch_size, len(starts), world_size * batch_size):
-            x, y = batch(split, starts[k : k + batch_size])
+        total = torch.zeros(2, device=device, dtype=weights_dtype)   # loss sum, targets
+        for x, y in eval_batches(split, full):
             with autocast:
-                _, loss = raw_model(x, y)
-            total += torch.stack([loss.to(weights_dtype) * len(x), total.new_tensor(len(x))])
+                _, loss = eval_model(x, y)
+            total += torch.stack([loss.to(weights_dtype) * y.numel(), total.new_tensor(y.numel())])
         if ddp:
             dist.all_reduce(total)
         out[split] = (total[0] / total[1]).item()
@@ -201,9 +220,10 @@ def lr_factor(it):
 # ---- the run folder: a lock, metrics.jsonl (one JSON record per line), checkpoints --------------
 if master:   # a scratch run clears an earlier one (--overwrite=True); a resume trims its metrics
     try:
-        run_log = checkpoint.open_run(out_dir, init_from, iter_num, wandb=wandb_log and dict(
-            project=wandb_project, id=wandb_id, config=config,
-            name=wandb_run_name or os.path.basename(os.path.normpath(out_dir))))
+        lock = checkpoint.open_run(out_dir, init_from)   # held until the process exits
+        run_log = telemetry.RunLog(out_dir, iter_num if init_from == "resume" else None, wandb=(
+            wandb_log and dict(project=wandb_project, id=wandb_id, config=config,
+                               name=wandb_run_name or os.path.basename(os.path.normpath(out_dir)))))
     except CheckpointError as e:
         sys.exit(f"error: {e}")
 log_metrics = run_log.log if master else None
@@ -270,6 +290,7 @@ peak = mfu_peak_flops or peak_flops(torch.device(device), torch.bfloat16 if dtyp
 start_iter, last_ckpt = iter_num, (ckpt_path if init_from == "resume" else None)
 step_loss = torch.zeros((), device=device, dtype=weights_dtype)   # checked before every save
 t0, timed_steps, before = time.perf_counter(), 0, None
+t_run = t0
 while True:
     # a resumed run's first step was evaluated before its checkpoint was saved (a stop signal during
     # the step-0 evaluation saves ckpt_0000000.pt after it): not again
@@ -291,10 +312,12 @@ while True:
         t0, timed_steps = time.perf_counter(), 0   # evaluation is not training time
     if iter_num >= max_iters:
         if final_eval and (iter_num > start_iter or init_from == "resume"):
+            t_eval = time.perf_counter()
             losses = evaluate(full=True)
             if master:
-                print(f"whole val split: loss {losses['val']:.4f} "
-                      f"(train split, as many tokens: {losses['train']:.4f})")
+                took, run = time.perf_counter() - t_eval, time.perf_counter() - t_run
+                print(f"whole val split: loss {losses['val']:.4f} (train split, as many tokens: "
+                      f"{losses['train']:.4f}), in {took:.1f} s: {100 * took / run:.0f}% of the run")
                 log_metrics({"kind": "final", "iter": iter_num, "val_loss": losses["val"],
                              "train_loss": losses["train"]})
         break

@@ -13,8 +13,9 @@ import math
 import os
 from dataclasses import fields
 
-from configurator import (DATASET, above, at_least, boolean, configure, device_name, folder,
-                          fraction, key_comments, key_of, one_of)
+from configurator import (above, at_least, boolean, configure, device_name, folder, fraction,
+                          key_comments, key_of, one_of)
+from dataset import DATASET
 from model import DECAY_POLICIES, DNP_WIDTHS, PLACEMENTS, REPARAMS, GPTConfig
 
 # ---- I/O ----

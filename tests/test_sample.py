@@ -1,6 +1,7 @@
 """sample.py: each sample streamed token by token (model.GPT.generate_tokens, dataset.decode_stream)
-is the text generate gives for the same seed, and the header says which evaluation the weights had
-(checkpoint.describe), true after an interrupted run too."""
+is the text generate gives for the same seed; the header says which evaluation the weights had
+(telemetry.describe), true after an interrupted run too; bad input is one sentence, and Ctrl-C or
+a closed pipe ends it quietly."""
 import itertools
 import json
 import os
@@ -13,8 +14,9 @@ import pytest
 import torch
 
 import checkpoint
+import telemetry
 from dataset import decode_stream, get_tokenizer
-from helpers import ENV, ROOT, make, records, start
+from helpers import ENV, ROOT, make, records, start, train
 
 BYTE = {"tokenizer": "byte", "vocab_size": 257}
 GPT2 = {"tokenizer": "gpt2", "vocab_size": 50257}
@@ -93,7 +95,7 @@ def run_folder(tmp_path, evals, iter_num, best):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     state = {"model": {}, "optimizers": [], "model_args": {}, "config": {}, "iter_num": iter_num,
              "best_val_loss": best}
-    return checkpoint.describe(str(checkpoint.save(tmp_path, state, iter_num)), state)
+    return telemetry.describe(str(checkpoint.save(tmp_path, state, iter_num)), state)
 
 
 def test_the_header_gives_the_val_loss_of_the_checkpoints_own_evaluation(tmp_path):
@@ -109,8 +111,8 @@ def test_the_header_after_a_stop_signal_says_no_evaluation_came_since(tmp_path):
                          "step 0's, val loss 4.1743)"), line
     assert "best" not in line
     os.remove(tmp_path / "metrics.jsonl")   # a checkpoint copied alone: only what it knows
-    line = checkpoint.describe(str(tmp_path / "ckpt_0000037.pt"), {"iter_num": 37,
-                                                                  "best_val_loss": 4.1743})
+    line = telemetry.describe(str(tmp_path / "ckpt_0000037.pt"), {"iter_num": 37,
+                                                                 "best_val_loss": 4.1743})
     assert line.endswith("(iteration 37, best val loss 4.1743 of the evaluations up to it)"), line
 
 
@@ -118,8 +120,7 @@ def test_the_header_after_a_stop_signal_says_no_evaluation_came_since(tmp_path):
 
 @pytest.mark.slow
 def test_sample_py_streams_after_an_interrupted_run_and_says_which_evaluation_came_last(workdir):
-    p = start(workdir, "--out_dir=out_stream", "--overwrite=True", "--max_iters=100000",
-              "--eval_interval=100000")
+    p = start(workdir, "--out_dir=out_stream", "--max_iters=100000", "--eval_interval=100000")
     t0 = time.time()
     while not (os.path.exists(workdir / "out_stream" / "metrics.jsonl")
                and len(records(workdir, "out_stream", "train")) >= 3):
@@ -152,3 +153,91 @@ def test_sample_py_streams_after_an_interrupted_run_and_says_which_evaluation_ca
     want = "".join(decode(model.eval().generate(prompt, n, 0.8, 200)[0].tolist())
                    + "\n---------------\n" for _ in range(2))
     assert text == want
+
+
+# ---- sample.py's faults, one sentence each --------------------------------------------------------
+
+def sample(wd, *args, **kw):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "sample.py"), "--max_new_tokens=2",
+                           *args], cwd=wd, env=ENV, capture_output=True, text=True, timeout=120,
+                          **kw)
+
+
+@pytest.fixture(scope="module")
+def sample_run(workdir):
+    """A run on its own copy of the data (re-prepared below with another vocabulary); a folder
+    whose `latest` is a folder; a checkpoint of integer weights; one from before the vocabulary
+    record whose dataset name leaves data/."""
+    import shutil
+    shutil.copytree(workdir / "data" / "tiny", workdir / "data" / "tiny_s", dirs_exist_ok=True)
+    train(workdir, "--dataset=tiny_s", "--out_dir=out_sample", "--max_iters=2",
+          "--eval_interval=2")
+    (workdir / "binary.bin").write_bytes(bytes(range(256)) * 4)
+    (workdir / "big.txt").write_text("A" * 3000)
+    os.makedirs(workdir / "out_folder_latest" / "latest", exist_ok=True)
+    state = torch.load(workdir / "out_sample" / "ckpt_0000002.pt", weights_only=True)
+    for name, change in (("out_int", {"model": {k: (v * 1000).long()
+                                                 for k, v in state["model"].items()}}),
+                         ("out_old", {"config": {**state["config"], "dataset": "../../tmp/x"}})):
+        checkpoint.save(workdir / name, {k: v for k, v in {**state, **change}.items()
+                                         if name != "out_old" or k != "vocab"}, 2)
+    return workdir
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args,message", [
+    (["--start=FILE:missing.txt"], "is not a regular file of at most 2,048 bytes (the model"),
+    (["--start=FILE:/dev/zero"], "'/dev/zero' is not a regular file of at most"),   # issue 39.13
+    (["--start=FILE:binary.bin"], "cannot read the prompt file 'binary.bin' (not UTF-8 text)"),
+    (["--start=FILE:big.txt"], "'big.txt' is not a regular file of at most 2,048 bytes"),
+    (["--start=" + "A" * 20], "the prompt encodes to 20 tokens, and the model takes 1 to 16"),
+    (["--device=cuda"], "no CUDA device"),
+    (["--out_dir=out_folder_latest"], "not the name of a checkpoint in its folder"),
+    (["--out_dir=out_int"], "model's wte.weight is not a floating-point tensor"),   # issue 39.2
+    (["--out_dir=out_old"], "the dataset name '../../tmp/x' is not one folder name"),   # 39.9
+    (["--num_samples=0"], "num_samples=0 is out of range: it must be >= 1"),
+    (["--temperature=-1"], "temperature=-1.0 is out of range: it must be >= 0")])
+def test_sample_faults_are_one_sentence(sample_run, args, message):
+    if args == ["--device=cuda"] and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    p = sample(sample_run, "--out_dir=out_sample", *args)
+    assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
+    assert message in p.stderr.strip().splitlines()[-1], p.stderr
+
+
+@pytest.mark.slow
+def test_sample_decodes_with_the_runs_own_vocabulary(sample_run):
+    """The dataset prepared again from another text of as many characters: the run's ids still mean
+    its own."""
+    meta_path = sample_run / "data" / "tiny_s" / "meta.json"
+    meta = meta_path.read_text()
+    greek = "".join(chr(0x391 + i) for i in range(json.loads(meta)["vocab_size"]))
+    meta_path.write_text(json.dumps({**json.loads(meta), "chars": greek}))
+    try:
+        p = sample(sample_run, "--out_dir=out_sample", "--max_new_tokens=50", "--start=A",
+                   "--num_samples=1")
+    finally:
+        meta_path.write_text(meta)
+    text = p.stdout.split("\n", 1)[1].rsplit("---", 1)[0]
+    assert p.returncode == 0 and len(text) > 40 and not set(text) & set(greek), p.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_the_line_and_a_closed_pipe_ends_quietly(sample_run):
+    """Issue 39.4: a KeyboardInterrupt traceback mid-stream; `| head -c 50`, a BrokenPipeError."""
+    cmd = [sys.executable, os.path.join(ROOT, "sample.py"), "--out_dir=out_sample",
+           "--max_new_tokens=100000", "--num_samples=1"]
+    s = subprocess.Popen(cmd, cwd=sample_run, env=ENV, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    out = b""
+    while len(out) < 200:   # the header and some of the sample
+        out += s.stdout.read1(1 << 16)
+    s.send_signal(signal.SIGINT)
+    rest, err = s.communicate(timeout=60)
+    assert s.returncode == 130 and (out + rest).endswith(b"\n") and b"Traceback" not in err, err
+    s = subprocess.Popen(cmd, cwd=sample_run, env=ENV, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    s.stdout.read(50)
+    s.stdout.close()   # as `head -c 50` does
+    err = s.stderr.read()
+    assert s.wait(timeout=60) == 141 and err == b"", err

@@ -60,23 +60,29 @@ def accepted(kw):
 
 
 def models(reparam, placement):
-    """(label, flags) of the tiny models built for one entry of REPARAMS x PLACEMENTS, dense and
-    MoE: every other flag of model.VECTOR_FLAGS at its default, then at each of its other values
-    in turn (its last one once they run out), each where GPTConfig takes it; a dense model's head
-    tied, then untied."""
+    """(label, flags) of the tiny models built for one entry of REPARAMS x PLACEMENTS: the entry
+    alone (head tied, then untied); with each value of every other flag of model.VECTOR_FLAGS
+    alone, so that a flag is built where it folds and exports too; with all of them on at once;
+    and as an MoE, alone and with all on. Each where GPTConfig takes it."""
     others = [f for f in model_py.VECTOR_FLAGS if f not in ("sv_reparam", "sv_placement")]
+    entry = dict(sv_reparam=reparam, sv_placement=placement)
+    combos = [{}, dict(tie_embeddings=False)]
+    combos += [{f: v} for f in others for v in flag_values(f)[1:]]
+    for moe in (False, True):
+        every = dict(MOE, moe_dense_layers=1) if moe else {}
+        for i in range(max(map(len, map(flag_values, others)))):   # each flag's i-th value
+            for f in others:
+                value = flag_values(f)[min(i, len(flag_values(f)) - 1)]
+                every.update({f: value} if accepted({**entry, **every, f: value}) else {})
+        combos += [every] + ([dict(MOE, moe_dense_layers=1)] if moe else [])
     out = []
-    for moe, i in itertools.product((False, True), range(max(map(len, map(flag_values, others))))):
-        kw = dict(sv_reparam=reparam, sv_placement=placement,
-                  **(dict(MOE, moe_dense_layers=1) if moe else dict(tie_embeddings=i == 0)))
-        for flag in others:
-            value = flag_values(flag)[min(i, len(flag_values(flag)) - 1)]
-            if accepted({**kw, flag: value}):
-                kw[flag] = value
-        on = ", ".join(f"{f}={kw[f]!r}" for f in others
-                       if kw.get(f, defaults()[f]) != defaults()[f])
-        out.append((f"reparam={reparam!r} placement={placement!r}{' MoE' if moe else ''} "
-                    f"{on or 'other flags at default'}", kw))
+    for kw in (dict(entry, **c) for c in combos if accepted(dict(entry, **c))):
+        on = ", ".join(f"{f}={kw[f]!r}" for f in kw if f in others or f == "tie_embeddings"
+                       if kw[f] != defaults()[f])
+        moe = " MoE" if "n_experts" in kw else ""
+        if kw not in [k for _, k in out]:
+            out.append((f"reparam={reparam!r} placement={placement!r}{moe} "
+                        f"{on or 'other flags at default'}", kw))
     return out
 
 
@@ -289,7 +295,7 @@ def check_compiles_in_one_graph(reparam, placement):
     to eager), with the eager model's loss and gradients. Dynamo's capture alone (backend "eager",
     about 1 s a model); inductor's code is held to eager by gpu_check's compile check."""
     idx, targets = tokens(), tokens(seed=5)
-    for label, kw in models(reparam, placement)[1:2]:   # dense, every other flag on
+    for label, kw in [m for m in models(reparam, placement) if "MoE" not in m[0]][-1:]:   # all on
         model = make(**kw)
         randomize_scale_vectors(model)
         runs = []
@@ -343,10 +349,64 @@ def check_export_refuses_exactly_what_cannot_fold(placement):
         export_hf.check_exportable(cfg)
 
 
+def check_moe_paths_agree(reparam, placement):
+    """The two dispatch paths of MoE.run_experts, the loop (a CPU's) and the grouped GEMM (a GPU's,
+    torch._grouped_mm, which runs on a CPU in float32 too): the same loss and gradients with every
+    vector a flag puts in the experts, so a vector left out of one path is caught."""
+    idx, targets = tokens(), tokens(seed=5)
+    for label, kw in [m for m in models(reparam, placement) if "MoE" in m[0]]:
+        model = make(**kw)
+        randomize_scale_vectors(model)
+        runs = []
+        for impl in ("loop", "grouped"):
+            for m in model.modules():
+                if isinstance(m, model_py.MoE):
+                    m.impl = impl
+            model.zero_grad()
+            loss = model(idx, targets)[1]
+            loss.backward()
+            runs.append((loss.detach(), {n: torch.zeros_like(p) if p.grad is None else p.grad
+                                         for n, p in model.named_parameters()}))
+        (a, ga), (b, gb) = runs
+        torch.testing.assert_close(b, a, msg=label)
+        for n in ga:   # float32 sums in another order
+            torch.testing.assert_close(gb[n], ga[n], atol=1e-6, rtol=1e-4, msg=f"{label}: {n}")
+
+
+def check_per_expert_vectors_declare_it(reparam, placement):
+    """num_active_params counts a vector as one token's only where it declares its rows per expert
+    (ScaleVector.experts): one token routed to k experts (the bias chooses them) gives a declared
+    vector's rows of the other experts no gradient and its own experts' some; a vector of an MoE
+    layer that declares no experts has no row block of the other experts without gradient."""
+    for label, kw in [m for m in models(reparam, placement) if "MoE" in m[0]]:
+        model = make(**kw)
+        randomize_scale_vectors(model)
+        chosen = list(range(model.config.n_experts_active))
+        for m in model.modules():
+            if isinstance(m, model_py.MoE):
+                m.expert_bias.fill_(-10.0)
+                m.expert_bias[chosen] = 10.0
+        model(tokens(B=1, T=1), tokens(B=1, T=1, seed=5))[1].backward()
+        E = model.config.n_experts
+        for name, sv in vectors(model).items():
+            layer = next((m for n, m in model.named_modules()
+                          if isinstance(m, model_py.MoE) and name.startswith(n + ".")), None)
+            if layer is None or sv.rows % E:
+                continue
+            for pname, p in sv.named_parameters():
+                rows = p.grad.reshape(E, -1).abs().amax(1) > 0   # which experts got a gradient
+                per_expert = bool(rows[chosen].all() and not rows[len(chosen):].any())
+                assert per_expert == bool(sv.experts), (
+                    f"{label}: {name}.{pname}'s rows are "
+                    f"{'' if per_expert else 'not '}one per expert, but it declares experts="
+                    f"{sv.experts}: num_active_params would count it wrong")
+
+
 CHECKS = (check_vectors_are_exactly_one_at_init,
           check_the_function_at_init_is_that_of_plain_vectors,
           check_the_matrices_share_the_baseline_init, check_no_vector_is_inert, check_folding,
-          check_compiles_in_one_graph, check_export)
+          check_compiles_in_one_graph, check_export, check_moe_paths_agree,
+          check_per_expert_vectors_declare_it)
 
 
 def check_all(reparam, placement):
@@ -401,6 +461,16 @@ def test_the_model_compiles_in_one_graph(entry):
 @pytest.mark.parametrize("entry", entries(), ids=ids)
 def test_the_export_computes_the_models_logits_or_is_refused(entry):
     check_export(*entry)
+
+
+@pytest.mark.parametrize("entry", entries(), ids=ids)
+def test_the_two_moe_paths_agree_with_every_vector(entry):
+    check_moe_paths_agree(*entry)
+
+
+@pytest.mark.parametrize("entry", entries(), ids=ids)
+def test_a_vector_split_over_experts_declares_it(entry):
+    check_per_expert_vectors_declare_it(*entry)
 
 
 @pytest.mark.parametrize("placement", list(model_py.PLACEMENTS))
@@ -636,6 +706,34 @@ def test_a_config_file_sets_the_flags_of_its_name(config):
     name = variant_of(config[:-3].rsplit("_", 1)[0])
     assert flags_of(train_config(f"config/{config}")) == named_flags(name), \
         f"config/{config} does not set the flags of model.VARIANTS[{name!r}]"
+
+
+NOT_VARIANTS = ("shakespeare_char",)   # the quick start's config, the baseline of another name
+
+
+def test_every_config_file_is_a_named_variant():
+    """A config named after no variant would be size-checked only (tests/test_configs.py)."""
+    names = [f[:-3] for f in os.listdir(os.path.join(ROOT, "config")) if f.endswith(".py")
+             and f not in ("__init__.py", "defaults.py", "variants.py")]
+    assert [n for n in names if n not in NOT_VARIANTS and f"{n}.py" not in CONFIGS] == []
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_no_vector_is_inert_in_a_config_files_own_model(config):
+    """Issue 37.7: a vector applied only under another flag (post_norm) got no gradient in its
+    own config file, while the generic check, with every flag on, passed. The config's flags at
+    the tiny size."""
+    cfg = train_config(f"config/{config}")
+    keep = set(flags_of(cfg)) | {f.name for f in fields(model_py.GPTConfig)
+                                 if f.name.startswith(("n_expert", "moe_", "n_shared"))}
+    kw = {k: cfg[k] for k in keep if k in defaults() and k not in ("moe_hidden",)}
+    kw.update(moe_dense_layers=min(kw.get("moe_dense_layers", 0), 1), moe_hidden=32)
+    model = make(**kw)
+    model(tokens(), tokens(seed=5))[1].backward()
+    for name, sv in vectors(model).items():
+        for pname, p in sv.named_parameters():
+            assert p.grad is not None and p.grad.abs().max() > 0, \
+                f"config/{config}: {name}.{pname} gets no gradient (an inert vector)"
 
 
 def test_every_named_variant_builds_and_has_a_char_config():
