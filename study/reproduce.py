@@ -23,11 +23,13 @@ Node grids (FineWeb-Edu, 124M/350M, one run at a time through torchrun on all GP
 Stop it at any time and start it again: finished runs (result.json) are skipped, interrupted
 ones resume from their newest checkpoint (train.py --init_from=resume), failed ones are reported
 with their last log line and run again next time. No checkpoint is deleted that a record does not
-account for: a run folder with checkpoints and no readable run.json resumes when its checkpoint's
-own config is the run's, and is refused in one sentence otherwise. Every record (run.json,
-result.json, the summaries) is written to a temporary name, fsynced, then renamed. A folder
-holds one configuration: a run whose settings differ from the results already there is refused
-unless --replace (or another --results_dir); adding seeds or variants to it is not a change.
+account for, and none is resumed unless its own config is the run's: a run folder whose checkpoint
+was trained with other settings (whatever its run.json says), or has none that loads, is refused in
+one sentence naming it; one without a readable run.json resumes when its checkpoint is the run's.
+Every record (run.json, result.json, the summaries) is written to a temporary name, fsynced, then
+renamed. A folder holds one configuration: a run whose settings differ from the results already
+there is refused unless --replace (or another --results_dir); adding seeds or variants to it is
+not a change.
 The summary always covers the whole grid, from every result of that configuration in the folder.
 
 One reproduce.py at a time per results folder (<results>/lock). SIGTERM or SIGINT reaches every
@@ -250,7 +252,7 @@ def checkpoints(run_dir):
 
 def evals(run_dir, kind="eval"):
     """The records of one kind of a run's metrics.jsonl (a torn line skipped), in order."""
-    from checkpoint import read_metrics
+    from telemetry import read_metrics
     path = os.path.join(run_dir, "metrics.jsonl")
     records = read_metrics(path)[0] if os.path.exists(path) else []
     return [r for r in records if isinstance(r, dict) and r.get("kind") == kind]
@@ -268,20 +270,25 @@ HOW_STARTED = ("out_dir", "init_from", "overwrite", "resume_fallback")
 
 def run_record(v, args, run_dir):
     """What run_dir holds of an interrupted run: None when it holds no checkpoint (nothing to
-    resume, nothing lost by starting afresh); else its run.json ({"args", "wall_s", "code",
-    "codes"}). Without a readable run.json (a crash as it was written, or train.py run there by
-    hand) the checkpoint's own config, train.py's arguments as it read them, accounts for it: a
-    run of these settings resumes (its earlier code unknown); any other is {"args": None,
-    "why": words}, a folder the grid neither resumes nor deletes."""
+    resume, nothing lost by starting afresh); its run.json ({"args", "wall_s", "code", "codes"})
+    when both it and the checkpoint's own config (train.py's arguments as it read them) are these
+    settings, or when it names others (a conflict: refuse_other_settings); a checkpoint of these
+    settings without a readable run.json (a crash as it was written, a hand run) resumes, its
+    earlier code unknown. Any other folder, e.g. a run.json of these settings over a checkpoint
+    of others (train.py run there by hand: run.json is not the truth), is {"args": None, "why":
+    words}: neither resumed nor deleted."""
     from checkpoint import step_of
     if not any(step_of(p) is not None for p in checkpoints(run_dir)):
         return None
     state = load_json(os.path.join(run_dir, "run.json"))
-    if state is not None and isinstance(state.get("args"), list):
+    readable = state is not None and isinstance(state.get("args"), list)
+    if readable and settings(state["args"]) != settings(args):
         return state
     why = checkpoint_mismatch(v, args, run_dir)
-    return ({"args": args, "wall_s": 0, "code": None, "recovered": True} if why is None
-            else {"args": None, "why": why})
+    if why is None:
+        return state if readable else {"args": args, "wall_s": 0, "code": None, "recovered": True}
+    return {"args": None, "why": ("its run.json has this grid's settings, but " if readable
+                                  else "no readable run.json, and ") + why}
 
 
 def checkpoint_mismatch(v, args, run_dir):
@@ -751,10 +758,9 @@ def refuse_unaccounted(out, jobs):
     lost = [j for j in jobs if j.record is not None and j.record["args"] is None]
     if lost:
         raise SystemExit(f"error: {len(lost)} run folder(s) of {out} hold checkpoints of a run "
-                         "this grid cannot account for (no readable run.json, and "
-                         f"{lost[0].record['why']}, e.g. in {lost[0].run_dir}): they are neither "
-                         "resumed nor deleted; move them elsewhere (or delete them yourself), or "
-                         "use another --results_dir")
+                         f"this grid cannot account for (e.g. {lost[0].run_dir}: "
+                         f"{lost[0].record['why']}): they are neither resumed nor deleted; move "
+                         "them elsewhere (or delete them yourself), or use another --results_dir")
 
 
 def folder_codes(out, grid, args_for, jobs):

@@ -20,6 +20,7 @@ import copy
 import math
 import os
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -115,9 +116,11 @@ def val_loss(model, batches):
     return loss
 
 
-def train(flags):
+def train(name):
     """The loop of train.py, short: AdamW, warmup then cosine, clipping, the variant's decay
-    policy. Returns the model and the training loss of each step."""
+    policy, a progress line every tenth of the steps (minutes on a busy machine, not seconds).
+    Returns the model and the training loss of each step."""
+    flags, t0 = FLAGS[name], time.time()
     train_split = split("train", SIZE["block_size"])
     torch.manual_seed(args.seed)
     model = GPT(GPTConfig(vocab_size=meta["vocab_size"], **SIZE,
@@ -141,6 +144,9 @@ def train(flags):
             opt.step()
             opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
+        if (it + 1) % max(args.max_iters // 10, 1) == 0 or it + 1 == args.max_iters:
+            print(f"{name} step {it + 1}/{args.max_iters}: loss {losses[-1]:.4f}, "
+                  f"{time.time() - t0:.0f} s", flush=True)
     return model.eval(), losses
 
 
@@ -153,14 +159,14 @@ def load(run_dir):
     if state["config"].get("dataset") != args.dataset:
         sys.exit(f"error: {run_dir} was trained on data/{state['config'].get('dataset')}: pass "
                  f"--dataset={state['config'].get('dataset')}")
-    records = checkpoint.read_metrics(Path(run_dir) / "metrics.jsonl")[0]
+    records = telemetry.read_metrics(Path(run_dir) / "metrics.jsonl")[0]
     return model.eval(), {r["iter"]: r["loss"] for r in records if r.get("kind") == "train"}
 
 
 if args.baseline_dir:
     (base, base_curve), (unif, unif_curve) = load(args.baseline_dir), load(args.unified_dir)
 else:
-    (base, base_losses), (unif, unif_losses) = train(FLAGS["baseline"]), train(FLAGS["unified"])
+    (base, base_losses), (unif, unif_losses) = train("baseline"), train("unified")
     base_curve, unif_curve = (dict(enumerate(c, 1)) for c in (base_losses, unif_losses))
 batches = val_batches(base.config.block_size)
 losses = {"baseline": val_loss(base, batches), "unified": val_loss(unif, batches)}

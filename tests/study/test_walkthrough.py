@@ -1,7 +1,8 @@
 """study/walkthrough.py runs as a plain script, on a smaller model of a smaller dataset than its
-defaults, and shows what it says: the folded model's logits are the baseline's, one SGD step on W
-moves the folded map's columns by g_i^2 times the folded model's own step, the unified model
-cannot fold; and it writes its four figures into the folder it is given."""
+defaults, and shows what it says: its training's progress as it goes, the folded model's logits
+are the baseline's, one SGD step on W moves the folded map's columns by g_i^2 times the folded
+model's own step, the unified model cannot fold; and it writes its four figures into the folder
+it is given."""
 import os
 import re
 import subprocess
@@ -16,13 +17,20 @@ FIGURES = ("g_per_layer.png", "folding.png", "preconditioning.png", "loss.png")
 
 @pytest.mark.slow
 def test_the_walkthrough_runs_as_a_script_and_shows_the_papers_argument(workdir, tmp_path):
-    p = subprocess.run([sys.executable, "-m", "study.walkthrough", "--dataset=tiny",
-                        "--max_iters=40", "--n_layer=2", "--n_embd=32", "--n_head=2",
-                        "--block_size=32", f"--out_dir={tmp_path / 'walk'}"],
-                       cwd=workdir, env={**ENV, "PYTHONPATH": ROOT}, capture_output=True,
-                       text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
-    out = p.stdout
+    p = subprocess.Popen([sys.executable, "-m", "study.walkthrough", "--dataset=tiny",
+                          "--max_iters=40", "--n_layer=2", "--n_embd=32", "--n_head=2",
+                          "--block_size=32", f"--out_dir={tmp_path / 'walk'}"],
+                         cwd=workdir, env={**ENV, "PYTHONPATH": ROOT}, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    first = p.stdout.readline()
+    training = p.poll() is None   # the first line came as it trained, not at its end
+    out, err = p.communicate(timeout=300)
+    out = first + out
+    assert p.returncode == 0, err
+    # a line every tenth of the steps: step, loss, elapsed seconds
+    progress = re.findall(r"^(\w+) step (\d+)/40: loss \d+\.\d{4}, \d+ s$", out, re.M)
+    assert training and progress == [(name, str(step)) for name in ("baseline", "unified")
+                                     for step in range(4, 41, 4)], out
     for name in FIGURES:
         with open(tmp_path / "walk" / name, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n", name
