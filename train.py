@@ -83,9 +83,13 @@ autocast = (torch.autocast(device_type, dtype=torch.bfloat16) if dtype == "bfloa
 weights_dtype = torch.float64 if dtype == "float64" else torch.float32
 torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
+if device_type == "cpu" and cpu_threads:
+    torch.set_num_threads(cpu_threads)
 if master:
-    print(f"{world_size} process(es) on {device} in {dtype}; {tokens_per_iter:,} tokens per "
-          f"iteration ({accum} micro-steps x {world_size} processes x {batch_size} x {block_size})")
+    threads = f" ({torch.get_num_threads()} thread(s), --cpu_threads)" if device_type == "cpu" else ""
+    print(f"{world_size} process(es) on {device}{threads} in {dtype}; {tokens_per_iter:,} tokens "
+          f"per iteration ({accum} micro-steps x {world_size} processes x {batch_size} x "
+          f"{block_size})")
 
 # ---- data: uint16 token files; a batch depends only on (seed, step, micro-step) ---------------
 data_dir = dataset_dir(dataset)

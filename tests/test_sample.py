@@ -24,8 +24,7 @@ GPT2 = {"tokenizer": "gpt2", "vocab_size": 50257}
 
 @pytest.fixture(autouse=True)
 def one_thread():
-    """Models this small sample 5-10x faster on one thread than on two of a busy 2-core machine
-    (as in tests/tools/test_export_hf.py)."""
+    """Models this small sample 5-10x faster on one thread than on two of a busy 2-core machine."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -91,7 +90,7 @@ def run_folder(tmp_path, evals, iter_num, best):
     lines = [{"kind": "eval", "iter": i, "val_loss": v, "train_loss": v} for i, v in evals]
     lines += [{"kind": "train", "iter": i, "loss": 3.0} for i in range(1, iter_num + 5)]
     lines.sort(key=lambda r: r["iter"])
-    tmp_path.mkdir(exist_ok=True)
+    tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     state = {"model": {}, "optimizers": [], "model_args": {}, "config": {}, "iter_num": iter_num,
              "best_val_loss": best}
@@ -99,20 +98,17 @@ def run_folder(tmp_path, evals, iter_num, best):
 
 
 def test_the_header_gives_the_val_loss_of_the_checkpoints_own_evaluation(tmp_path):
-    line = run_folder(tmp_path, [(0, 4.17), (250, 1.9), (500, 1.95), (750, 1.5)], 500, 1.9)
+    """And after a stop signal at step 37 of a run that evaluates every 250, best_val_loss is step
+    0's, not these weights' loss: the header says no evaluation came since; a checkpoint copied
+    alone says only what it knows."""
+    line = run_folder(tmp_path / "a", [(0, 4.17), (250, 1.9), (500, 1.95), (750, 1.5)], 500, 1.9)
     assert line.endswith("ckpt_0000500.pt (iteration 500, val loss 1.9500, best 1.9000)"), line
-
-
-def test_the_header_after_a_stop_signal_says_no_evaluation_came_since(tmp_path):
-    """Stopped at step 37 of a run that evaluates every 250: best_val_loss is step 0's, which is not
-    the loss of these weights."""
-    line = run_folder(tmp_path, [(0, 4.1743)], 37, 4.1743)
+    line = run_folder(tmp_path / "b", [(0, 4.1743)], 37, 4.1743)
     assert line.endswith("ckpt_0000037.pt (iteration 37, saved between evaluations: none since "
                          "step 0's, val loss 4.1743)"), line
-    assert "best" not in line
-    os.remove(tmp_path / "metrics.jsonl")   # a checkpoint copied alone: only what it knows
-    line = telemetry.describe(str(tmp_path / "ckpt_0000037.pt"), {"iter_num": 37,
-                                                                 "best_val_loss": 4.1743})
+    os.remove(tmp_path / "b" / "metrics.jsonl")
+    line = telemetry.describe(str(tmp_path / "b" / "ckpt_0000037.pt"), {"iter_num": 37,
+                                                                       "best_val_loss": 4.1743})
     assert line.endswith("(iteration 37, best val loss 4.1743 of the evaluations up to it)"), line
 
 

@@ -419,58 +419,19 @@ def check_all(reparam, placement):
 
 # ---- the tables drive the tests -----------------------------------------------------------------
 
-ids = lambda e: "-".join(e) if isinstance(e, tuple) else e
+ids = lambda e: "-".join(e) if isinstance(e, tuple) else e   # noqa: E731
 
 
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__[len("check_"):])
 @pytest.mark.parametrize("entry", entries(), ids=ids)
-def test_every_vector_is_exactly_one_at_init(entry):
-    check_vectors_are_exactly_one_at_init(*entry)
-
-
-@pytest.mark.parametrize("entry", entries(), ids=ids)
-def test_the_function_at_init_is_that_of_plain_vectors(entry):
-    check_the_function_at_init_is_that_of_plain_vectors(*entry)
-
-
-@pytest.mark.parametrize("entry", entries(), ids=ids)
-def test_the_matrices_share_the_baseline_init(entry):
-    check_the_matrices_share_the_baseline_init(*entry)
-
-
-@pytest.mark.parametrize("entry", entries(), ids=ids)
-def test_no_vector_is_inert(entry):
-    check_no_vector_is_inert(*entry)
-
-
-@pytest.mark.parametrize("entry", entries(), ids=ids)
-def test_each_vector_folds_as_it_declares_and_folding_is_exact_or_refused(entry):
-    check_folding(*entry)
+def test_every_entry_of_the_tables(entry, check):
+    check(*entry)
 
 
 @pytest.mark.parametrize("policy", list(model_py.DECAY_POLICIES))
 @pytest.mark.parametrize("entry", entries(), ids=ids)
 def test_the_decay_groups_follow_the_declarations_and_the_policy(entry, policy):
     check_decay_groups(*entry, policy)
-
-
-@pytest.mark.parametrize("entry", entries(), ids=ids)
-def test_the_model_compiles_in_one_graph(entry):
-    check_compiles_in_one_graph(*entry)
-
-
-@pytest.mark.parametrize("entry", entries(), ids=ids)
-def test_the_export_computes_the_models_logits_or_is_refused(entry):
-    check_export(*entry)
-
-
-@pytest.mark.parametrize("entry", entries(), ids=ids)
-def test_the_two_moe_paths_agree_with_every_vector(entry):
-    check_moe_paths_agree(*entry)
-
-
-@pytest.mark.parametrize("entry", entries(), ids=ids)
-def test_a_vector_split_over_experts_declares_it(entry):
-    check_per_expert_vectors_declare_it(*entry)
 
 
 @pytest.mark.parametrize("placement", list(model_py.PLACEMENTS))
