@@ -1,4 +1,4 @@
-# DNP: g_a * Norm(W(g_b * Norm(x))) on each Input-Norm-fed map (paper 3.2).
+# DNP: g_out * Norm(W(g_in * Norm(x))) on each Input-Norm-fed map (paper 3.2).
 #   python train.py config/dnp_char.py
 from config.shakespeare_char import *  # noqa: F401,F403
 

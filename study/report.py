@@ -10,6 +10,7 @@ import re
 
 import numpy as np
 
+from config.variants import UNIFIED
 from study.grids import (BUDGETS, LRS, ROOT, SIZE_LRS, SIZES, TPP_1X, budget_name, lr_grid,
                          scaling_grid)
 
@@ -408,7 +409,7 @@ def lr_report(results):
 OVERHEAD_SHAPES = {"124M (12 x 768)": {},
                    "0.5B-like (24 x 1280)": dict(n_layer=24, n_head=20, n_embd=1280),
                    "1B-like (16 x 2048)": dict(n_layer=16, n_head=32, n_embd=2048)}
-UNIFIED_FLAGS = dict(sv_hetero=True, sv_placement="dnp", sv_reparam="or")
+UNIFIED_FLAGS = {k: v for k, v in UNIFIED.items() if k != "sv_weight_decay"}   # the model's
 OVERHEAD_FLAGS = {"HG": dict(sv_hetero=True), "DNP, full": dict(sv_placement="dnp"),
                   "DNP, head": dict(sv_placement="dnp", sv_dnp_width="head"),
                   "unified, full": UNIFIED_FLAGS,

@@ -337,27 +337,14 @@ def in_use(run_dir):
 
 
 def lock_results(out, name="lock"):
-    """Hold <out>/<name> for the life of this invocation: a second reproduce.py on the folder is
-    one sentence (it would call this one's runs FAILED and garble their logs). A link there is
-    refused, not followed."""
-    path = os.path.join(out, name)
+    """Hold <out>/<name> for the life of this invocation (checkpoint.hold_lock, train.py's too): a
+    second reproduce.py on the folder is one sentence (it would call this one's runs FAILED and
+    garble their logs); a link there is refused, not followed."""
+    from checkpoint import CheckpointError, hold_lock
     try:
-        os.makedirs(out, exist_ok=True)
-        f = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644), "r+")
-    except OSError as e:
-        raise SystemExit(f"error: cannot take the lock {path} ({e.strerror}): remove what is "
-                         "there, or use another --results_dir") from None
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = f.read().strip() or "unknown"
-        f.close()
-        raise SystemExit(f"error: {out} is in use by another reproduce.py (pid {holder}): wait "
-                         "for it to end or stop it, or use another --results_dir") from None
-    f.truncate(0)
-    f.write(str(os.getpid()))
-    f.flush()
-    return f
+        return hold_lock(os.path.join(out, name), f"results folder {out}")
+    except CheckpointError as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 # ---- the code a run ran -------------------------------------------------------------------------

@@ -250,7 +250,7 @@ def test_one_reproduce_per_folder_names_matched_literally_records_fsynced(
     held = reproduce.lock_results("res")
     msg = refused(*G, "--seeds=1")
     held.close()
-    assert f"res is in use by another reproduce.py (pid {os.getpid()})" in msg
+    assert f"results folder res is in use by another process (pid {os.getpid()})" in msg
     assert os.listdir("res") == ["lock"]
     other = Path("res1/runs/a/seed1")
     other.mkdir(parents=True)
