@@ -180,9 +180,8 @@ def restore_model(model, state, path):
              != (v.shape, v.dtype)]
     if wrong:
         raise CheckpointError(f"checkpoint {path} does not fit this model ({'; '.join(wrong[:3])}"
-                              f"{f'; and {len(wrong) - 3} more' if len(wrong) > 3 else ''}): it "
-                              "was written by another config, --dtype or version of model.py; use "
-                              "those, or train into a new out_dir")
+                              f"{f'; and {len(wrong) - 3} more' if len(wrong) > 3 else ''}): use "
+                              "its config, --dtype and model.py, or train into a new out_dir")
     model.load_state_dict(state)
 
 
@@ -200,18 +199,19 @@ def restore_optimizers(optimizers, saved, names, path, iter_num):
         params = [p for g in opt.param_groups for p in g["params"]]
         entries = state.get("state") if isinstance(state, dict) else None
         entries = entries if isinstance(entries, dict) else {"(no moments)": {}}
-        problems += [f"a state for {k}, which the model has not" for k in
-                     set(entries) - {names[p] for p in params}]
+        problems += [f"a state for {k}, which the model has not" for k in set(entries) - set(
+            map(names.get, params))]
         problems += [f"no moments of {names[p]} at iteration {iter_num}" for p in params
                      if iter_num and names[p] not in entries]
         problems += [f"{names[p]}'s {k} is {tuple(v.shape)}, not {tuple(p.shape)}" for p in params
                      for k, v in entries.get(names[p], {}).items()
                      if isinstance(v, torch.Tensor) and k != "step" and v.shape != p.shape]
-        ids = iter(range(len(params)))
+        ids = iter(range(len(params)))   # this run's groups, so its hyperparameters, by index
+        groups = [{**g, "params": [next(ids) for _ in g["params"]]} for g in opt.param_groups]
+        moments = {i: entries[names[p]] for i, p in enumerate(params) if names[p] in entries}
         try:
-            problems or opt.load_state_dict({"param_groups": [
-                {**g, "params": [next(ids) for _ in g["params"]]} for g in opt.param_groups],
-                "state": {i: entries[names[p]] for i, p in enumerate(params) if names[p] in entries}})
+            if not problems:
+                opt.load_state_dict({"state": moments, "param_groups": groups})
         except (AttributeError, KeyError, TypeError, ValueError, RuntimeError) as e:
             problems.append(f"{type(e).__name__}: {e}")   # a value of another type
     if problems:

@@ -636,7 +636,8 @@ class GPT(nn.Module):
             if isinstance(m, ScaledLinear) and m.n_expert or isinstance(m, ScaleVector) and \
                     m.experts:
                 routed += sum(p.numel() for p in m.parameters(recurse=False))
-        return self.num_params() - routed * (c.n_experts - c.n_experts_active) // max(c.n_experts, 1)
+        skipped = routed * (c.n_experts - c.n_experts_active) // max(c.n_experts, 1)
+        return self.num_params() - skipped
 
     def flops_per_token(self):
         """Training FLOPs per token: 6 per weight used in a matmul, plus attention (PaLM,
@@ -772,7 +773,7 @@ class MoE(nn.Module):
         return out.view(xn.shape).type_as(xn)
 
     def run_experts(self, xs, expert, counts, W):
-        """Each expert's SwiGLU on its rows of xs, which are sorted by expert (`expert`: each row's);
+        """Each expert's SwiGLU on its rows of xs, sorted by expert (`expert`: each row's);
         DNP's g_out rows of an expert apply to its outputs."""
         dev = xs.device.type
         dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else xs.dtype

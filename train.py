@@ -7,10 +7,10 @@ Pre-train the GPT of model.py on one process, or on many with DDP through torchr
     torchrun --standalone --nproc_per_node=8 train.py config/unified_124m.py
 
 Every name in config/defaults.py is a config key: a config file sets some, then --key=value
-overrides (configurator.py); `python train.py --help` lists them. Config files are Python, executed
-by train.py: run only those you trust. The values each key allows are one table,
-config/defaults.py's TRAIN_RULES, checked before anything is written; the checks of the data and of a
-checkpoint live in dataset.py and checkpoint.py, each bad input one sentence.
+overrides (configurator.py); `python train.py --help` lists them, with what they do and the values
+they take (config/defaults.py's rules, checked before anything is written). Config files are
+Python, executed by train.py: run only those you trust. The checks of the data and of a checkpoint
+live in dataset.py and checkpoint.py, each bad input one sentence.
 """
 import math
 import os
@@ -86,7 +86,8 @@ tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
 if device_type == "cpu" and cpu_threads:
     torch.set_num_threads(cpu_threads)
 if master:
-    threads = f" ({torch.get_num_threads()} thread(s), --cpu_threads)" if device_type == "cpu" else ""
+    threads = (f" ({torch.get_num_threads()} thread(s), --cpu_threads)" if device_type == "cpu"
+               else "")
     print(f"{world_size} process(es) on {device}{threads} in {dtype}; {tokens_per_iter:,} tokens "
           f"per iteration ({accum} micro-steps x {world_size} processes x {batch_size} x "
           f"{block_size})")
@@ -321,7 +322,8 @@ while True:
             if master:
                 took, run = time.perf_counter() - t_eval, time.perf_counter() - t_run
                 print(f"whole val split: loss {losses['val']:.4f} (train split, as many tokens: "
-                      f"{losses['train']:.4f}), in {took:.1f} s: {100 * took / run:.0f}% of the run")
+                      f"{losses['train']:.4f}), in {took:.1f} s: {100 * took / run:.0f}% of the "
+                      "run")
                 log_metrics({"kind": "final", "iter": iter_num, "val_loss": losses["val"],
                              "train_loss": losses["train"]})
         break

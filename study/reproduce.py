@@ -640,11 +640,11 @@ def check_named(spec, v):
     that variant's flags, since results are read by their row's name; returns the row."""
     from config.variants import VARIANTS, flags_of, named_flags
     name = v.name.removeprefix("moe_")
-    got, want = (flags_of(train_config(v.config, v.overrides)), named_flags(name)) if name in VARIANTS \
-        else ({}, {})
+    got, want = ((flags_of(train_config(v.config, v.overrides)), named_flags(name))
+                 if name in VARIANTS else ({}, {}))
     for k in (k for k in want if got[k] != want[k]):
-        raise SystemExit(f"error: --add={spec}: {v.name!r} names config/variants.py's {name!r}, which "
-                         f"has {k}={want[k]!r}, but {' '.join([v.config, *v.overrides])} runs "
+        raise SystemExit(f"error: --add={spec}: {v.name!r} names config/variants.py's {name!r}, "
+                         f"which has {k}={want[k]!r}, but {' '.join([v.config, *v.overrides])} runs "
                          f"{k}={got[k]!r}: give the row another name or that variant's flags")
     return v
 

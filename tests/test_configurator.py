@@ -25,7 +25,8 @@ def write(path, text):
     ("--learning_rate=1", "learning_rate", 1.0), ("--learning_rate=3e-4", "learning_rate", 3e-4),
     ("--wandb_run_name=run1", "wandb_run_name", "run1"), ("--wandb_run_name=42", "wandb_run_name",
                                                           42),
-    ("--wandb_run_name=None", "wandb_run_name", None), ("--out_dir=runs/a=b", "out_dir", "runs/a=b"),
+    ("--wandb_run_name=None", "wandb_run_name", None),
+    ("--out_dir=runs/a=b", "out_dir", "runs/a=b"),
     # a str default takes the raw text: '123' and 'None' stay strings
     ("--out_dir=123", "out_dir", "123"), ("--out_dir=None", "out_dir", "None"),
     ("--out_dir=", "out_dir", ""), ("--compile=False", "compile", False),

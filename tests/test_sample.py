@@ -151,7 +151,7 @@ def test_sample_py_streams_after_an_interrupted_run_and_says_which_evaluation_ca
     assert text == want
 
 
-# ---- sample.py's faults, one sentence each --------------------------------------------------------
+# ---- sample.py's faults, one sentence each ------------------------------------------------------
 
 def sample(wd, *args, **kw):
     return subprocess.run([sys.executable, os.path.join(ROOT, "sample.py"), "--max_new_tokens=2",

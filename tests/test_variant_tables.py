@@ -564,7 +564,8 @@ def test_the_readme_checklist_on_toy_entries(monkeypatch):
                            ["--sv_reparam=sp", "--sv_placement=dp2",
                             "--sv_weight_decay=blocks_all"], config_defaults.TRAIN_RULES)
     register_the_toy_location(monkeypatch)
-    configurator.configure({"sv_headgate": False}, ["--sv_headgate=True"], config_defaults.TRAIN_RULES)
+    configurator.configure({"sv_headgate": False}, ["--sv_headgate=True"],
+                           config_defaults.TRAIN_RULES)
     for reparam, placement in (("none", "pre"), ("er", "dp"), ("none", "dnp")):
         check_all(reparam, placement)
     check_no_flag_is_inert()
