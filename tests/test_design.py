@@ -13,7 +13,7 @@ def logits_and_matrix_grads(model):
     logits, loss = model(tokens(), tokens(seed=2))
     model.zero_grad()
     loss.backward()
-    return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.dim() >= 2}
+    return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.ndim > 1}
 
 
 @pytest.mark.parametrize("moe", [False, True])
@@ -25,10 +25,10 @@ def test_under_dnp_the_input_norm_vectors_are_scale_invariant_but_g_final_is_not
     model = make(**UNIFIED, **(MOE if moe else {}), norm_eps=1e-30).double()
     randomize_scale_vectors(model)
     logits, grads = logits_and_matrix_grads(model)
-    # HG: every map has its own g_in; the router has no DNP
+    # HG: a g_in per map (a layer's qkv, gate_up; MoE: qkv, experts, shared); the router: no DNP
     betas = [m.g_in.beta for m in model.modules()
              if isinstance(m, ScaledLinear) and m.placement.norm and m.g_in is not None]
-    assert len(betas) == 2 * model.config.n_layer + (model.config.n_layer if moe else 0), len(betas)
+    assert len(betas) == (3 if moe else 2) * model.config.n_layer, len(betas)
     with torch.no_grad():
         for p in betas:
             p.mul_(3.0)   # what weight decay does to the vector's magnitude, exaggerated
@@ -51,8 +51,8 @@ def test_dnp_norm_spans_all_shared_experts_together():
     xn = torch.randn(3, 32, generator=torch.Generator().manual_seed(5))
     W = shared.effective_weight(torch.ones(1, 32)).view(2, h2, 32)   # (gate|up, 2h, d)
     g_out = shared.g_out().view(2, h2)
+    eps = model.config.norm_eps
     for b in range(2):
         y = xn @ W[b].T                              # (3, 2h): both experts' units of one branch
-        expected = g_out[b] * y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True)
-                                              + model.config.norm_eps)
+        expected = g_out[b] * y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps)
         torch.testing.assert_close(shared(xn, torch.ones(1, 32))[:, b * h2:(b + 1) * h2], expected)
