@@ -81,6 +81,16 @@ def test_the_final_evaluation_is_the_whole_val_split_and_the_telemetry_follows_e
 
 
 @pytest.mark.slow
+def test_bf16_autocast_on_cpu_trains_like_float32(workdir):
+    for dtype in ("float32", "bfloat16"):
+        train(workdir, f"--out_dir=out_{dtype}", "--max_iters=30", "--eval_interval=30",
+              f"--dtype={dtype}")
+    (first, f32), b16 = (r["val_loss"] for r in records(workdir, "out_float32", "eval")), records(
+        workdir, "out_bfloat16", "eval")[-1]["val_loss"]
+    assert abs(f32 - b16) < 0.05 * (first - f32), (f32, b16)   # within 5% of the progress made
+
+
+@pytest.mark.slow
 def test_train_tokens_trains_on_a_prefix_and_a_longer_one_is_one_sentence(workdir):
     train(workdir, "--out_dir=out_prefix", "--max_iters=2", "--eval_interval=2",
           "--train_tokens=500")

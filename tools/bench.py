@@ -31,6 +31,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import textwrap
 import time
 from contextlib import nullcontext
 from dataclasses import fields
@@ -39,8 +40,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from config.defaults import DEFAULTS, TRAIN_RULES
-from configurator import ConfigError, at_least, check_device, configure, default_device, one_of
+from config.defaults import DEFAULTS, TRAIN_RULES, help_comments
+from configurator import (ConfigError, at_least, boolean, check_device, configure, default_device,
+                          one_of)
 from model import GPT, GPTConfig, peak_flops
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
@@ -49,23 +51,25 @@ CHILD_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (
     ROOT, os.environ.get("PYTHONPATH"))))}
 
 
-# train.py's keys (config/defaults.py, so any config file of train.py is one here too), the
-# vocabulary's size (used without a prepared dataset: --vocab_size), and bench.py's own
-defaults = {**DEFAULTS, "vocab_size": GPTConfig.vocab_size,
-            # measured steps, and unmeasured ones before them (compile, caches)
-            "steps": 20, "warmup": 5,
-            # comma-separated: config files, "gpt2", or key=value[+key=value]
-            "compare": "",
-            # alternations of the compared configurations
-            "rounds": 3,
-            # --compare in one process, one step of each in turn (time only)
-            "interleave": False,
-            # "gpt2": a GPT-2 (nanoGPT) model of the same sizes instead of ours
-            "arch": "llama",
-            # print one JSON line (what --compare reads from its children)
-            "json": False,
-            # torch.profiler over the measured steps: the ops by self CPU time, calls per step
-            "profile": False}
+# bench.py's own keys: {key: (default, what it is)}, for --help too
+OWN = {
+    "vocab_size": (GPTConfig.vocab_size, "the vocabulary to time where data/<dataset>/meta.json "
+                   "is missing (a prepared dataset's own wins)"),
+    "steps": (20, "measured steps: their median is reported"),
+    "warmup": (5, "unmeasured steps first (compile, caches)"),
+    "compare": ("", "comma-separated configurations to time beside the base: config files, "
+                "gpt2 (a nanoGPT GPT-2 of the same sizes), or key=value[+key=value]"),
+    "rounds": (3, "alternations of the compared configurations (medians over them)"),
+    "interleave": (False, "--compare in one process, one step of each in turn: the steadiest "
+                   "time ratio, no memory"),
+    "arch": ("llama", "gpt2: time a GPT-2 (nanoGPT) model of the same sizes instead of ours"),
+    "json": (False, "print one JSON line of figures (what --compare reads from its children)"),
+    "profile": (False, "torch.profiler over the measured steps: the ops by self CPU time and "
+                "their calls per step"),
+}
+# train.py's keys (config/defaults.py, so any config file of train.py is one here too), then
+# bench.py's own
+defaults = {**DEFAULTS, **{k: v for k, (v, _) in OWN.items()}}
 
 
 # train.py keys that a benchmark step uses; it times one micro-step of fused AdamW on random tokens,
@@ -78,7 +82,21 @@ HONOURED = {f.name for f in fields(GPTConfig)} | {"batch_size", "device", "dtype
 # the values a benchmark accepts: train.py's rules for the keys it uses, and its own
 BENCH_RULES = {**{k: v for k, v in TRAIN_RULES.items() if k in HONOURED},
                "vocab_size": at_least(1), "steps": at_least(1), "warmup": at_least(0),
-               "rounds": at_least(1), "arch": one_of("llama", "gpt2")}
+               "rounds": at_least(1), "arch": one_of("llama", "gpt2"),
+               "compare": (lambda v: True, "'' (none), or items joined by commas"),
+               "interleave": boolean, "json": boolean, "profile": boolean}
+
+
+def show_help(argv):
+    """--help: the usage, then the keys a step uses, each described with the values it allows;
+    the train.py keys it ignores in one line (a config file may set them, a --key may not)."""
+    used = {k: v for k, v in defaults.items() if k in HONOURED or k in OWN}
+    ignored = ", ".join(k for k in defaults if k not in used)
+    usage = __doc__.strip("\n") + "\n\n" + textwrap.fill(
+        f"train.py keys it does not use (a config file may set them; on the command line they "
+        f"are refused): {ignored}", 99)
+    configure(used, argv, BENCH_RULES, usage=usage,
+              comments=lambda: {**help_comments(), **{k: why for k, (_, why) in OWN.items()}})
 
 
 def refuse_ignored(argv):
@@ -342,6 +360,8 @@ def check(argv):
     """The base configuration, after every check that needs no model: its keys and values, and
     for it and each --compare item, a device this machine has and a model that can be built
     (ConfigError otherwise)."""
+    if "-h" in argv or "--help" in argv:
+        show_help(argv)
     refuse_ignored(argv)
     cfg = configure(defaults, argv, BENCH_RULES)
     # --profile prints one configuration's table of ops: an option of another output is refused,
@@ -362,8 +382,7 @@ def check(argv):
     return cfg
 
 
-if __name__ == "__main__":
-    argv = sys.argv[1:]
+def main(argv):
     try:
         cfg = check(argv)
     except ConfigError as e:
@@ -383,3 +402,7 @@ if __name__ == "__main__":
                   + (f"MFU {100 * r['mfu']:.1f}%, " if r["mfu"] is not None
                      else "MFU — (no known peak: --mfu_peak_flops), ")
                   + f"peak memory {r['peak_mem_mb']:,.0f} MB; warmup {r['warmup_s']:.1f} s")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,8 +1,13 @@
 """
-Export a trained model to Hugging Face format: a plain Llama, whatever scale-vector variant
-trained it.
+Export a trained run to Hugging Face format: a plain Llama (or Qwen3), its scale vectors folded.
 
     python -m tools.export_hf --out_dir=out/<run> --to=hf/<name>
+
+Needs --to (a new or empty folder, or an earlier export, which it replaces whole) and the
+safetensors package (pip install safetensors: it is in requirements-test.txt, not in
+requirements.txt). Refuses unified and DNP runs (sv_placement='dnp'): their g_out acts after a
+Norm of the map's output, not before a linear map, so it cannot fold into a weight, and Llama has
+no such norm; post_norm likewise (a Norm of each branch), and MoE (its FFN is not Llama's).
 
 Paper, section 2.2: an Input-Norm scale vector adds no expressivity, W (g * z) = (W diag(g)) z, so
 GPT.fold_scale_vectors() turns a model trained with HG, DP, OR or ER (or none) into an equivalent
@@ -19,16 +24,15 @@ details match:
     points at them and model.py never returns their logits (its loss's softmax does include them:
     see --verify).
 qk_norm (g_q * Norm(q), g_k * Norm(k) per head, one vector shared by the heads, before RoPE) is
-exactly Qwen3's q_norm / k_norm, so such a model is written as a Qwen3ForCausalLM. DNP, post_norm
-and MoE are refused: a Norm, not a linear map, follows their vectors (or the FFN is not a Llama
-one); so is any other vector that declares a Norm after it (GPT.vector_sites), and a weight
-BLOCK_WEIGHTS does not place.
+exactly Qwen3's q_norm / k_norm, so such a model is written as a Qwen3ForCausalLM. Besides DNP,
+post_norm and MoE (whose FFN is not a Llama one), any other vector that declares a Norm after it
+(GPT.vector_sites) is refused, and a weight BLOCK_WEIGHTS does not place.
 
 Writes config.json, model.safetensors (float32) and, for a run on GPT-2's BPE, the tokenizer files
 (vocab.json, merges.txt, built offline from data/raw/gpt2.tiktoken), so that
 AutoTokenizer.from_pretrained / AutoModelForCausalLM.from_pretrained load the folder with no
-network. Needs safetensors; with transformers installed, --verify compares the export's logits
-with the checkpoint's.
+network. With transformers installed, --verify compares the export's logits with the
+checkpoint's.
 """
 import errno
 import functools
@@ -41,13 +45,13 @@ from dataclasses import replace
 import torch
 
 import checkpoint
-from configurator import ConfigError, configure
+from configurator import ConfigError, boolean, configure, folder, key_comments
 from model import GPT, PLACEMENTS
 # gpt2_encoding checks the vendored file's sha256
 from dataset import EOT, TOKENIZERS, dataset_dir, gpt2_encoding, load_meta
 
 out_dir = "out"   # the run: its newest complete checkpoint is exported
-to = ""           # the folder to write (replaced as a whole if it exists)
+to = ""           # the folder to write: new, empty or an earlier export (replaced whole)
 verify = True     # load the export with transformers (if installed) and compare logits on a probe
 
 # The one place that knows model.py's names. Keys: state_dict names of the *folded* GPT (per block
@@ -391,22 +395,28 @@ def tokenizer_of(ckpt):
     return load_meta(dataset_dir(str(dataset)))["tokenizer"]
 
 
+# the values each key allows, for --help and the checks
+RULES = {"out_dir": folder, "verify": boolean,
+         "to": (lambda v: True, "required; never a run's out_dir or a folder of other files")}
+
+
 def main(argv):
     defaults = {"out_dir": out_dir, "to": to, "verify": verify}
     try:
-        args = configure(defaults, argv)
+        args = configure(defaults, argv, RULES, usage=__doc__,
+                         comments=lambda: key_comments(__file__))
         if not args["to"]:
             raise ConfigError("say where to write the export: --to=hf/<name>")
         check_target(args["to"])
         path, ckpt, model = checkpoint.load_model(args["out_dir"])
-        config, state = hf_export(model.eval())
+        config, state = hf_export(model.eval())   # a refusal first: safetensors would not help
+        try:
+            import safetensors  # noqa: F401
+        except ImportError:
+            raise ConfigError("export_hf.py writes model.safetensors and needs safetensors: pip "
+                              "install safetensors (it is in requirements-test.txt)") from None
     except (ConfigError, checkpoint.CheckpointError, ExportError) as e:
         sys.exit(f"error: {e}")
-    try:
-        import safetensors  # noqa: F401
-    except ImportError:
-        sys.exit("error: export_hf.py writes model.safetensors and needs safetensors: "
-                 "pip install safetensors")
     tok = tokenizer_of(ckpt)
     if tok == "gpt2" and model.config.vocab_size != GPT2_VOCAB:
         sys.exit("error: the run's data is GPT-2 BPE but the model has "

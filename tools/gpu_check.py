@@ -1,11 +1,11 @@
 """
-Check a machine with a CUDA GPU in one command (under 5 minutes on one GPU), a verdict per line:
+Check a machine with a CUDA GPU in one command (under 5 minutes on one GPU), a verdict per line.
 
     python -m tools.gpu_check                 # on a machine with a CUDA GPU
     python -m tools.gpu_check --device=cpu    # the same checks rehearsed on a CPU (CI runs it)
 
-1. cuda tests:  the tests that only run on CUDA (pytest -k cuda: the grouped-GEMM MoE path
-                against the loop in bf16)
+1. cuda tests:  the tests that only run on CUDA, named `*on_cuda*` (pytest -k on_cuda: the
+                grouped-GEMM MoE path against the loop in bf16); a skip on CUDA is a FAIL
 2. compile:     torch.compile(fullgraph=True) of the dense and the MoE model (unified's flags,
                 2 layers) against eager: loss and every gradient, in float32
 3. speed:       tokens/s, MFU and memory of baseline_124m and unified_124m (one GPU's
@@ -15,13 +15,14 @@ Check a machine with a CUDA GPU in one command (under 5 minutes on one GPU), a v
                 a run resumed from its step-20 checkpoint: steps 21-30 must repeat bit for bit
 5. resume moe:  the same for moe_unified_124m (grouped GEMM)
 
-With --device=cpu the same functions run with the CPU's SETTINGS (below), in under 10 minutes
-on 2 cores, in bf16 autocast where the CPU has bf16 in hardware and in float32 where it does not
-(rehearsal_dtype): compile through inductor's CPU backend (1 layer); speed at micro-batch 1 x 256
-tokens, without MFU (a CPU has no known peak) or memory; each resume under torchrun with 2 gloo
-processes at the 124M models' real width and depth, 6 steps resumed from step 4; the CUDA tests
-run, skip, and are reported as SKIP with pytest's reason. Its figures say nothing about a GPU:
-the point is that the lines a GPU will run have run.
+With --device=cpu the same functions run with the CPU's SETTINGS (below), in about 2 minutes on
+2 busy cores, in bf16 autocast where the CPU has bf16 in hardware and in float32 where it does
+not (rehearsal_dtype): compile through dynamo and AOTAutograd only (backend aot_eager, 1 layer);
+speed and each resume at 2 layers 64 wide (speed without MFU, which needs a known peak, or
+memory); each resume under torchrun with one process, as on a GPU, 6 steps resumed from step 4;
+the CUDA tests skip and are reported as SKIP with pytest's reason. Its figures say nothing about
+a GPU: the point is that the lines a GPU will run have run (a 124M model at its real width
+trains and resumes on a CPU in tests/test_configs.py).
 
 Without CUDA and without --device=cpu it says so in one line and exits 0. Exit status 1 if a
 check failed; 143 if SIGTERM stopped it (its running check is ended and its work folder removed,
@@ -39,20 +40,24 @@ import tempfile
 import time
 import warnings
 
-from checkpoint import read_metrics
+from telemetry import read_metrics
 from config.defaults import train_config
 from configurator import ConfigError, check_device, configure, one_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 
 # What each device runs: the same checks at sizes that fit it. The GPU's are one GPU's
-# micro-batch. The CPU's keep every code path (in the resume runs the 124M models' real width and
-# depth, and torchrun with two processes) and shrink the tokens; its speed line runs eager: a
-# 12-layer model compiles for minutes on a CPU, and line 2 compiled both. Its dtype (None here)
-# is rehearsal_dtype()'s: bf16 autocast as on a GPU where the CPU has bf16 in hardware.
+# micro-batch. The CPU's keep every code path and shrink the rest, so that CI's rehearsal takes 2
+# minutes on 2 busy cores (at the 124M models' real size it took 20): 2 layers 64 wide, one
+# torchrun process as on a GPU, and compile by aot_eager: on a CPU inductor writes C++, not the
+# GPU's Triton, and compiling that took 146 s for one 1-layer model on 2 busy cores (aot_eager:
+# 16 s). Dynamo's whole-graph capture and the autograd graph it partitions are the GPU's; the ops
+# are eager's, so the CPU's differences come out 0. Its speed line runs eager. Its dtype (None
+# here) is rehearsal_dtype()'s: bf16 autocast as on a GPU where the CPU has bf16 in hardware.
+SMALL = ["--n_layer=2", "--n_head=2", "--n_embd=64"]
 SETTINGS = {
     "cuda": {
-        "dtype": "bfloat16",
+        "dtype": "bfloat16", "backend": "inductor",
         "compile": ["--n_layer=2", "--n_embd=256", "--n_head=4", "--block_size=256"],
         "compile_batch": 4,
         "speed": ["--compile=True", "--steps=10", "--warmup=3", "--rounds=2"],
@@ -61,15 +66,15 @@ SETTINGS = {
         "nproc": 1, "iters": 30, "resume_at": 20,
     },
     "cpu": {
-        "dtype": None,
+        "dtype": None, "backend": "aot_eager",
         "compile": ["--n_layer=1", "--n_embd=64", "--n_head=2", "--block_size=64"],
         "compile_batch": 2,
-        "speed": ["--device=cpu", "--batch_size=1", "--block_size=256", "--compile=False",
-                  "--steps=2", "--warmup=1", "--rounds=1"],
+        "speed": ["--device=cpu", "--batch_size=1", "--block_size=64", "--compile=False",
+                  "--steps=2", "--warmup=1", "--rounds=1", *SMALL],
         "resume": ["--device=cpu", "--batch_size=1", "--block_size=64",
                    "--gradient_accumulation_steps=2", "--warmup_iters=2", "--eval_interval=4",
-                   "--eval_iters=2", "--keep_checkpoints=2"],
-        "nproc": 2, "iters": 6, "resume_at": 4,
+                   "--eval_iters=2", "--keep_checkpoints=2", *SMALL],
+        "nproc": 1, "iters": 6, "resume_at": 4,
     },
 }
 # every resume run: GPT-2 BPE Tiny Shakespeare, a record per step, eager (compile is line 2's),
@@ -120,21 +125,30 @@ def last_line(text):
 
 
 # ---- 1. the CUDA-only tests ------------------------------------------------------------------
+# The tests that only run on CUDA are named *on_cuda*: `-k cuda` also chose 5 tests that pass
+# anywhere (--device=cuda refused without CUDA...), whose passes hid a CUDA test that did not run
+CUDA_TESTS = [sys.executable, "-m", "pytest", "-q", "-rs", "-k", "on_cuda", "tests"]
+
+
 def check_cuda_tests(device):
-    """On a CPU the same pytest line runs: its CUDA tests skip, and the check is a SKIP."""
-    rc, out = run([sys.executable, "-m", "pytest", "-q", "-rs", "-k", "cuda", "tests"])
-    passed = int((re.findall(r"(\d+) passed", out) or ["0"])[-1])
+    """PASS: on CUDA they ran, passed, none skipped. SKIP: on a CPU, where they skip (pytest's
+    reasons said). FAIL: anything else (a failure, no such test, a skip on CUDA)."""
+    rc, out = run(CUDA_TESTS)
+    passed, skipped = (int((re.findall(rf"(\d+) {w}", out) or ["0"])[-1])
+                       for w in ("passed", "skipped"))
+    reasons = "; ".join(sorted(set(re.findall(r"^SKIPPED \[\d+\] [^:]+:\d+: (.*)$", out, re.M))))
     if rc == 0 and device != "cuda":
-        reasons = sorted(set(re.findall(r"^SKIPPED \[\d+\] [^:]+:\d+: (.*)$", out, re.M)))
-        return None, f"needs CUDA ({'; '.join(reasons) or 'none skipped'}); here: {last_line(out)}"
+        return None, f"needs CUDA ({reasons or 'none skipped'}); here: {last_line(out)}"
+    if rc == 0 and skipped:
+        return False, f"{skipped} skipped on CUDA ({reasons}): {last_line(out)}"
     return rc == 0 and passed > 0, last_line(out)
 
 
 # ---- 2. compile against eager ----------------------------------------------------------------
 def compile_matches_eager(config, device, settings, rtol=1e-3):
-    """(ok, detail): torch.compile(fullgraph=True) of a small model of `config` (the sizes of
-    settings["compile"]) against eager, in float32: the relative difference of the loss and of
-    every gradient (as a norm) within rtol."""
+    """(ok, detail): torch.compile(fullgraph=True, backend=settings["backend"]) of a small model of
+    `config` (the sizes of settings["compile"]) against eager, in float32: the relative difference
+    of the loss and of every gradient (as a norm) within rtol."""
     import torch
     from dataclasses import fields
     from model import GPT, GPTConfig
@@ -148,7 +162,7 @@ def compile_matches_eager(config, device, settings, rtol=1e-3):
     shape = (settings["compile_batch"], cfg["block_size"])
     x, y = (torch.randint(0, 50257, shape, device=device) for _ in range(2))
     losses, grads = [], []
-    for m in (model, torch.compile(model, fullgraph=True)):
+    for m in (model, torch.compile(model, fullgraph=True, backend=settings["backend"])):
         model.zero_grad(set_to_none=True)
         _, loss = m(x, y)
         loss.backward()
@@ -346,10 +360,16 @@ def terminated(sig, frame):
     raise Terminated
 
 
+# its one key, for --help
+KEY_HELP = {"device": "'': check this machine's CUDA GPU (one line and exit 0 without one); cpu: "
+                      "rehearse every check on the CPU at reduced sizes"}
+
+
 def main(argv):
     import torch
     try:
-        device = configure({"device": ""}, argv, {"device": one_of("", "cpu", "cuda")})["device"]
+        device = configure({"device": ""}, argv, {"device": one_of("", "cpu", "cuda")},
+                           usage=__doc__, comments=KEY_HELP)["device"]
         check_device(device)
     except ConfigError as e:
         return f"error: {e}"

@@ -1,62 +1,62 @@
-"""tools/plot_metrics.py: a short or interrupted run (one evaluation) is drawn with markers, not as
-invisible one-point lines, its train-loss records too; the PNG goes into the run's folder unless
---out names a path."""
+"""plot_metrics.py: a PNG whose every line is labelled, the gap between runs drawn where it can be
+read, markers on lines of few points; a record train.py did not write is one sentence."""
 import json
 
-import matplotlib.figure
 import pytest
 
 from tools import plot_metrics
 
+SV = {"blocks.0.attn.qkv.g_in": [1.1, 0.9], "blocks.1.attn.qkv.g_in": [1.2, 1], "g_final": [1, 1]}
 
-def run(folder, evals, steps):
-    """A run folder as train.py leaves it: train and eval records in metrics.jsonl."""
+
+def run(folder, evals, steps, val=lambda i: 3 - i / 1000, extra=()):
+    """A run's folder as train.py leaves it: its train and eval records in metrics.jsonl."""
     folder.mkdir(parents=True)
-    sv = {"blocks.0.attn.g_in": [1.1, 0.9, 1.3], "g_final": [0.8, 0.7, 0.9]}
-    lines = [{"kind": "train", "iter": i, "loss": 4.0 - 0.01 * i} for i in range(1, steps + 1)]
-    lines += [{"kind": "eval", "iter": i, "train_loss": 3.0, "val_loss": 3.1, "scale_vectors": sv,
-               "moe": {}} for i in evals]
-    lines.sort(key=lambda r: r["iter"])
+    lines = [{"kind": "train", "iter": i, "loss": 4 - i / 100} for i in range(1, steps + 1)] + [
+        {"kind": "eval", "iter": i, "val_loss": val(i), "scale_vectors": SV} for i in evals]
+    lines = sorted(lines, key=lambda r: r["iter"]) + list(extra)
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     return folder
 
 
-@pytest.fixture
-def drawn(monkeypatch):
-    """The figures plot_metrics saves, kept for their lines."""
-    figures, save = [], matplotlib.figure.Figure.savefig
-    def keep(fig, *args, **kw):
-        figures.append(fig)
-        return save(fig, *args, **kw)
-    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
-    return figures
+def test_runs_show_the_gap_the_last_half_labelled_lines_and_markers_on_few_points(tmp_path,
+                                                                                 monkeypatch):
+    figures = []   # plot_metrics closes each figure it saved
+    monkeypatch.setattr(plot_metrics.pyplot(), "close", figures.append)
+    a = run(tmp_path / "a", evals=[0, 250, 500, 750, 1000], steps=1000)
+    b = run(tmp_path / "b", evals=[0, 500, 1000], steps=1000, val=lambda i: 2.96 - i / 1000)
+    c = run(tmp_path / "c", evals=[0], steps=7)   # stopped at step 7: markers, not invisible
+    plot_metrics.main([str(a), str(b), str(c)])
+    assert (a / "metrics_compared.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    panels = {ax.get_title().split(" (")[0]: ax for ax in figures[0].axes if ax.get_title()}
+    zero, gap, short = panels.pop("gap to a").lines   # at the evaluations both runs have
+    assert list(gap.get_xdata()) == [0, 500, 1000] and list(zero.get_ydata()) == [0, 0]
+    assert gap.get_ydata() == pytest.approx([-0.04] * 3, abs=1e-12)   # float rounding only
+    assert [list(line.get_xdata()) for line in panels["val loss, last half"].lines] == [
+        [500, 750, 1000], [500, 1000], []]
+    assert [line.get_marker() for line in panels["loss"].lines] == ["None", "o", "None", "o",
+                                                                   "o", "o"]
+    for bar in (ax for ax in figures[0].axes if ax.get_label() == "<colorbar>"):
+        assert bar.get_ylabel() == "layer" and list(bar.get_yticks()) == [0, 1]   # the colour
+    for ax in (panels.pop(f"{name}: 3 scale vectors") for name in "abc"):
+        assert [line.get_label() for line in ax.lines] == list(SV)   # the dash: legend
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == ["attn.qkv.g_in", "g_final"]
+    assert sorted(panels) == ["loss", "val loss, last half"]
+    assert all(len(ax.get_legend().get_texts()) == len(ax.lines) for ax in panels.values())
+    plot_metrics.main([str(c), f"--out={tmp_path / 'c.png'}"])   # one run: nothing to compare
+    assert (tmp_path / "c.png").is_file() and "gap" not in str([a.title for a in figures[1].axes])
 
 
-def test_a_run_with_one_evaluation_is_drawn_with_markers_into_its_folder(tmp_path, drawn):
-    folder = run(tmp_path / "out" / "short", evals=[0], steps=7)   # stopped at step 7
-    plot_metrics.main([str(folder)])
-    png = folder / "metrics.png"
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    loss, vectors = drawn[0].axes
-    train, val = loss.lines
-    assert list(train.get_xdata()) == list(range(1, 8)) and train.get_marker() == "o"
-    assert list(val.get_xdata()) == [0] and val.get_marker() == "o"
-    assert len(vectors.lines) == 2 and all(line.get_marker() == "o" for line in vectors.lines)
-
-
-def test_several_runs_go_into_the_first_ones_folder_or_a_named_path(tmp_path, drawn):
-    a = run(tmp_path / "a", evals=[0, 250, 500], steps=500)
-    b = run(tmp_path / "b", evals=[0], steps=3)
-    plot_metrics.main([str(a), str(b)])
-    assert (a / "metrics_compared.png").is_file() and not (b / "metrics_compared.png").exists()
-    loss = drawn[0].axes[0]
-    # a's 500 train records stay a line; its 3 evaluations and b's 3 steps and 1 evaluation: dots
-    assert [line.get_marker() for line in loss.lines] == ["None", "o", "o", "o"]
-    plot_metrics.main([str(b), f"--out={tmp_path / 'named.png'}"])
-    assert (tmp_path / "named.png").is_file()
-
-
-def test_a_folder_without_records_is_one_sentence(tmp_path):
+@pytest.mark.parametrize("record, why", [
+    ({"kind": "eval", "val_loss": 3.0, "scale_vectors": {}}, "it has no 'iter'"),
+    ({"kind": "eval", "iter": 9, "val_loss": 3.0}, "it has no 'scale_vectors'")])
+def test_a_record_train_py_did_not_write_is_one_sentence_naming_file_and_line(tmp_path, record,
+                                                                             why):
+    folder = run(tmp_path / "r", evals=[0], steps=3, extra=[record])   # line 5
+    with pytest.raises(SystemExit) as e:
+        plot_metrics.main([str(folder)])
+    assert str(e.value).startswith(f"error: {folder / 'metrics.jsonl'}, line 5: a ")
+    assert why in str(e.value) and "\n" not in str(e.value)
     (tmp_path / "empty").mkdir()
     with pytest.raises(SystemExit, match="holds no record in metrics.jsonl"):
         plot_metrics.main([str(tmp_path / "empty")])
