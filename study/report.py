@@ -762,7 +762,7 @@ def tuned_report(results):
     lines += [f"| {r['variant']} | {r['baseline']} | {r['rates'][0]} / {r['rates'][1]} "
               f"| {len(r['seeds'])} | {pm(r['mean'], r['std'], '+.4f')} | {interval(r['ci95'])} "
               f"| {p_value(r['p'])} | {r['verdict']} | {r['claim']} |" for r in rows]
-    return lines, {"picks": picks, "pairs": rows}
+    return lines + telemetry_lines(results), {"picks": picks, "pairs": rows}
 
 
 def repeat_report(results):
