@@ -534,7 +534,22 @@ def default_report(results):
              "|---|---|---|---|---|---|"]
     lines += [f"| {r['variant']} | {r['control']} | {len(r['seeds'])} | {cell(r['total'])} "
               f"| {cell(r['norm'])} | {cell(r['vector'])} |" for r in rows]
-    return lines, {"splits": rows}
+    beyond = [beyond_dnp(results, a, b) for a, b in BEYOND_DNP if a in results and b in results]
+    if beyond:
+        lines += ["", "What unified adds to DNP (its HG, OR and IWD), with the vector and without:",
+                  "", "| variant | vs | n | diff |", "|---|---|---|---|"]
+        lines += [f"| {r['variant']} | {r['baseline']} | {len(r['seeds'])} | {cell(r)} |"
+                  for r in beyond]
+    return lines, {"splits": rows, "beyond_dnp": beyond}
+
+
+# unified's total and its Norm part, each against DNP's (issue 40): HG + OR + IWD on top of DNP
+BEYOND_DNP = [("unified", "dnp"), ("unified_novec", "dnp_novec")]
+
+
+def beyond_dnp(results, a, b):
+    seeds, diffs = paired_diffs(results[a], results[b])
+    return {"variant": a, "baseline": b, "seeds": seeds, **part(diffs)}
 
 
 @functools.lru_cache(maxsize=None)

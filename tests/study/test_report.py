@@ -97,10 +97,16 @@ def test_the_dnp_split_adds_up_with_p_values_and_the_telemetry_is_read(tmp_path)
     all three have; the preconditioning exponents over seeds, read only where g has spread."""
     results = {name: {s: fake(base + 0.001 * s, s, preconditioning=precond(
         0.02, 1.0 + 0.1 * (name == "dnp") + 0.01 * s)) for s in range(1, 7)}
-        for name, base in (("baseline", 2.0), ("dnp", 1.95), ("dnp_novec", 1.96))}
+        for name, base in (("baseline", 2.0), ("dnp", 1.95), ("dnp_novec", 1.96),
+                           ("unified_novec", 1.955))}
+    results["unified"] = {s: fake(1.94 + 0.001 * s * (s % 2), s) for s in range(1, 7)}
     results["dnp"][7] = fake(1.5, 7)   # a seed the others lack: left out of all three
     lines, data = report.power_report(results)
-    (split,) = data["splits"]
+    split = data["splits"][0]
+    # unified - dnp, seed by seed: -0.01 for an odd seed s, -0.01 - 0.001 s for an even one
+    uni, novec = data["beyond_dnp"]
+    assert uni["seeds"] == list(range(1, 7)) and uni["mean"] == pytest.approx(-0.01 - 0.002)
+    assert novec["mean"] == pytest.approx(-0.005) and novec["p"] == 2 / 64
     assert split["seeds"] == list(range(1, 7))
     assert [split[k]["mean"] for k in ("total", "norm", "vector")] == pytest.approx(
         [-0.05, -0.04, -0.01])
