@@ -486,6 +486,8 @@ def regime_report(results):
 # DESIGN.md)
 SPLITS = [("DNP", "dnp", "dnp_novec", "baseline"),
           ("unified", "unified", "unified_novec", "baseline")]
+# unified's total and its Norm part, each against DNP's (issue 40): HG + OR + IWD on top of DNP
+BEYOND_DNP = [("unified", "dnp"), ("unified_novec", "dnp_novec")]
 
 
 def part(diffs, sign=0):
@@ -541,10 +543,6 @@ def default_report(results):
         lines += [f"| {r['variant']} | {r['baseline']} | {len(r['seeds'])} | {cell(r)} |"
                   for r in beyond]
     return lines, {"splits": rows, "beyond_dnp": beyond}
-
-
-# unified's total and its Norm part, each against DNP's (issue 40): HG + OR + IWD on top of DNP
-BEYOND_DNP = [("unified", "dnp"), ("unified_novec", "dnp_novec")]
 
 
 def beyond_dnp(results, a, b):
