@@ -14,7 +14,7 @@ from helpers import MOE, TINY, VARIANTS, make, randomize_scale_vectors, tokens
 from model import GPT, GPTConfig, Placement, ScaledLinear, ScaleVector
 
 
-def test_shapes_loss_and_a_dtype_cast():
+def test_shapes_loss_a_dtype_cast_and_generation():
     model, idx = make(), tokens()
     logits, loss = model(idx, tokens(seed=5))
     assert logits.shape == (3, 16, TINY["vocab_size"])   # padded rows are not returned
@@ -25,6 +25,14 @@ def test_shapes_loss_and_a_dtype_cast():
     # 5e-4 in float64); the table is now computed in each forward, in float32: nothing to cast
     assert list(model.buffers()) == []
     torch.testing.assert_close(make().double()(idx)[0], logits.double(), atol=1e-6, rtol=0)
+    # generate crops to the block and is greedy at temperature zero
+    model, prompt = model.eval(), tokens(B=2, T=4)
+    out = model.generate(prompt, max_new_tokens=20, top_k=5)   # longer than block_size: cropped
+    assert out.shape == (2, 24) and int(out.max()) < TINY["vocab_size"]
+    out = model.generate(prompt, max_new_tokens=3, temperature=0)
+    for t in range(4, 7):   # each new token is the argmax of the logits of the sequence before it
+        assert torch.equal(out[:, t], model(out[:, :t])[0][:, -1].argmax(-1))
+    assert torch.equal(out, model.generate(prompt, max_new_tokens=3, temperature=0))
 
 
 def test_parameter_counts_closed_formulas_dense_and_moe():
@@ -94,18 +102,6 @@ def test_config_errors_name_the_field(monkeypatch):
             GPTConfig(**TINY, sv_placement="xp")
 
 
-def test_no_scale_vectors_means_no_scale_vector_parameters_and_no_g_to_correlate():
-    model = make(scale_vectors=False, qk_norm=True, post_norm=True)   # the norms stay, param-free
-    assert not any(isinstance(m, ScaleVector) for m in model.modules())
-    assert all(p.dim() == 2 for p in model.parameters())
-    assert set(model.param_classes().values()) == {"matrix", "embedding"}
-    model = make(scale_vectors=False)
-    stats = telemetry.preconditioning(model, telemetry.fed_maps(model))
-    assert set(stats) == {f"blocks.{i}.{m}" for i in range(2)
-                          for m in ("attn.qkv", "mlp.gate_up")} | {"head"}
-    assert all(s[k] is None for s in stats.values() for k in ("corr_w", "update_exp", "adamw_exp"))
-
-
 def effective_update(lr=0.5, **kw):
     """How one SGD step moves each effective weight W * (g_out g_in^T)."""
     model = make(seed=0, **kw)
@@ -156,23 +152,21 @@ def test_scale_vector_preconditions_columns():
     assert torch.allclose(delta, predicted, **tol) and not torch.allclose(delta, G, **tol)
 
 
-def test_the_vector_stats_name_each_branch_and_expert():
+def test_the_vector_stats_name_each_branch_and_expert_and_without_vectors_no_g_to_correlate():
     stats = telemetry.vector_stats(make(**VARIANTS["unified"], **MOE, moe_dense_layers=1))
     assert {"blocks.0.attn.qkv.g_in.q", "blocks.0.attn.qkv.g_in.k", "blocks.0.attn.qkv.g_in.v",
             "blocks.0.mlp.gate_up.g_out.up", "g_final", "blocks.1.mlp.router.g_in",
             "blocks.1.mlp.experts.g_in.3.gate", "blocks.1.mlp.experts.g_out.0.up",
             "blocks.1.mlp.shared.gate_up.g_in.up"} <= set(stats)
     assert all(abs(x - 1) < 1e-5 for mean_lo_hi in stats.values() for x in mean_lo_hi)
-
-
-def test_generate_crops_to_the_block_and_is_greedy_at_temperature_zero():
-    model, prompt = make().eval(), tokens(B=2, T=4)
-    out = model.generate(prompt, max_new_tokens=20, top_k=5)   # longer than block_size: cropped
-    assert out.shape == (2, 24) and int(out.max()) < TINY["vocab_size"]
-    out = model.generate(prompt, max_new_tokens=3, temperature=0)
-    for t in range(4, 7):   # each new token is the argmax of the logits of the sequence before it
-        assert torch.equal(out[:, t], model(out[:, :t])[0][:, -1].argmax(-1))
-    assert torch.equal(out, model.generate(prompt, max_new_tokens=3, temperature=0))
+    model = make(scale_vectors=False, qk_norm=True, post_norm=True)   # the norms stay, param-free
+    assert not any(isinstance(m, ScaleVector) for m in model.modules())
+    assert all(p.dim() == 2 for p in model.parameters())
+    assert set(model.param_classes().values()) == {"matrix", "embedding"}
+    stats = telemetry.preconditioning(model, telemetry.fed_maps(model))
+    assert set(stats) == {f"blocks.{i}.{m}" for i in range(2)
+                          for m in ("attn.qkv", "mlp.gate_up")} | {"head"}
+    assert all(s[k] is None for s in stats.values() for k in ("corr_w", "update_exp", "adamw_exp"))
 
 
 def test_the_initial_weights_are_pinned_and_follow_the_role():
