@@ -1,11 +1,7 @@
 """
-The prepared datasets, as every tool reads them: where a dataset lives, its meta.json, the
-tokenizer it names, and its token files (prepare_data.py writes them; train.py, sample.py and the
-tools read them).
-
-A dataset named NAME lives in data/NAME under the working directory, for every tool (as in
-nanoGPT): meta.json, and train.bin and val.bin, uint16 token ids. Bad input is one sentence
-(SystemExit) naming the file and what to do.
+The prepared datasets, as every tool reads them (prepare_data.py writes them): data/NAME under the
+working directory, as in nanoGPT, holds meta.json (the tokenizer) and train.bin and val.bin,
+uint16 token ids. Bad input is one sentence (SystemExit) naming the file and what to do.
 """
 import base64
 import functools
@@ -28,15 +24,13 @@ EOT = 50256
 BYTE_EOT = 256
 BYTE_VOCAB = BYTE_EOT + 1
 TOKENIZERS = ("char", "gpt2", "byte")
-KNOWN = "'char', 'gpt2' or 'byte'"
 DATASET = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")   # one folder under data/: no "..", no "/"
 NAME_MAX = 255   # the longest name of one file or folder, in bytes (Linux: ext4, xfs, btrfs, tmpfs)
 
 
 def dataset_dir(name):
-    """The folder of dataset `name`: data/<name> under the working directory (the one rule of every
-    tool); a name that is not one folder's (DATASET: no "/" or "..", at most NAME_MAX
-    bytes) is one sentence (SystemExit), not a path elsewhere or an OSError."""
+    """data/<name> under the working directory (the one rule of every tool); a name that is not one
+    folder's is one sentence, not a path elsewhere or an OSError."""
     size = len(os.fsencode(name))
     if DATASET.fullmatch(name) is None:   # ../../tmp/x would read /tmp/x/meta.json
         raise SystemExit(f"error: the dataset name {name[:40]!r} is not one folder name under "
@@ -49,8 +43,7 @@ def dataset_dir(name):
 
 @functools.lru_cache
 def gpt2_encoding(path=GPT2_RANKS, sha256=GPT2_RANKS_SHA256):
-    """GPT-2's BPE built from the vendored ranks file: tiktoken.get_encoding("gpt2") would download
-    it."""
+    """GPT-2's BPE from the vendored ranks file (tiktoken.get_encoding would download it)."""
     path = Path(path)
     if not path.is_file():
         raise SystemExit(f"error: GPT-2 vocabulary file {path} is missing: restore it from git.")
@@ -67,8 +60,7 @@ def gpt2_encoding(path=GPT2_RANKS, sha256=GPT2_RANKS_SHA256):
 
 
 def load_meta(data_dir):
-    """data_dir/meta.json, its values checked: a bad one is one sentence naming the file
-    (SystemExit)."""
+    """data_dir/meta.json, its values checked (meta_problem)."""
     path = Path(data_dir) / "meta.json"
     if not path.is_file():
         name = Path(data_dir).name
@@ -82,21 +74,21 @@ def load_meta(data_dir):
     except (OSError, ValueError, UnicodeDecodeError) as e:   # JSONDecodeError is a ValueError
         raise SystemExit(f"error: {path} is not valid JSON ({e}): "
                          "prepare the dataset again") from None
-    missing = [k for k in ("tokenizer", "vocab_size")
-               if not isinstance(meta, dict) or k not in meta]
-    if missing:
-        raise SystemExit(f"error: {path} lacks {', '.join(missing)}: prepare the dataset again")
-    wrong = meta_problem(meta)
-    if wrong:
+    if wrong := meta_problem(meta):
         raise SystemExit(f"error: {path} {wrong}: prepare the dataset again")
     return meta
 
 
 def meta_problem(meta):
-    """What is wrong with a meta.json's values (as words after its path), or None."""
+    """What is wrong with a meta.json or a checkpoint's vocabulary (words after its path), or
+    None."""
+    missing = [k for k in ("tokenizer", "vocab_size")
+               if not isinstance(meta, dict) or k not in meta]
+    if missing:
+        return f"lacks {', '.join(missing)}"
     tokenizer, vocab_size = meta["tokenizer"], meta["vocab_size"]
     if tokenizer not in TOKENIZERS:
-        return f"names tokenizer {tokenizer!r}, not {KNOWN}"
+        return f"names tokenizer {tokenizer!r}, not 'char', 'gpt2' or 'byte'"
     if type(vocab_size) is not int or not 1 <= vocab_size <= 65536:   # uint16 ids
         return f"has vocab_size={vocab_size!r}, not a whole number from 1 to 65536"
     if tokenizer == "gpt2" and vocab_size != EOT + 1:
@@ -125,39 +117,26 @@ def vocabulary(meta):
 
 
 def get_tokenizer(meta):
-    """(encode, decode) for the tokenizer a meta.json names.
-
-    byte: encode gives the UTF-8 bytes; decode drops the end-of-text id 256 (it decodes to
-    nothing, so a sample reads as the text itself) and turns a cut or invalid UTF-8 sequence
-    into U+FFFD (a model may emit any byte sequence)."""
+    """(encode, decode) for the tokenizer of a checked meta.json (meta_problem). char: encode
+    raises KeyError on a character outside the vocabulary. byte: decode drops the end-of-text id
+    256 (a sample reads as the text itself) and turns a cut or invalid UTF-8 sequence into U+FFFD
+    (a model may emit any byte sequence)."""
     if meta["tokenizer"] == "byte":
-        def decode_bytes(ids):
-            return bytes(i for i in ids if i < BYTE_EOT).decode("utf-8", errors="replace")
-        return (lambda s: list(s.encode("utf-8"))), decode_bytes
+        return (lambda s: list(s.encode("utf-8")),
+                lambda ids: bytes(i for i in ids if i < BYTE_EOT).decode("utf-8", errors="replace"))
     if meta["tokenizer"] == "gpt2":
-        enc = gpt2_encoding()
-        return enc.encode_ordinary, enc.decode
-    if meta["tokenizer"] == "char":
-        chars = meta["chars"]
-        stoi = {c: i for i, c in enumerate(chars)}
-        def encode(s):
-            try:
-                return [stoi[c] for c in s]
-            except KeyError as e:
-                raise ValueError(f"character {e.args[0]!r} is not in this char-level "
-                                 "vocabulary") from None
-        return encode, lambda ids: "".join(chars[i] for i in ids)
-    raise SystemExit(f"error: unknown tokenizer {meta['tokenizer']!r} in meta.json "
-                     f"(expected {KNOWN})")
+        return gpt2_encoding().encode_ordinary, gpt2_encoding().decode
+    chars = meta["chars"]
+    stoi = {c: i for i, c in enumerate(chars)}
+    return (lambda s: [stoi[c] for c in s]), (lambda ids: "".join(chars[i] for i in ids))
 
 
 def decode_stream(decode, ids):
-    """The text of a sequence of token ids (an iterable, e.g. a model's samples as they come) in
-    pieces, one per id, whose concatenation is decode(all ids): what sample.py prints as it samples.
-    A byte or GPT-2 token may end inside a UTF-8 character, which decodes to a trailing U+FFFD: that
-    piece is held back until the next ids complete the character (or the ids end). UTF-8 resyncs, so
-    the text before it never changes; once the text ends on a whole character, decoding starts
-    afresh (a long sample is not decoded again from its start for every token)."""
+    """The text of token ids (an iterable: a model's samples as they come) in pieces, one per id,
+    whose concatenation is decode(all ids): what sample.py prints as it samples. A byte or GPT-2
+    token may end inside a UTF-8 character, which decodes to a trailing U+FFFD: that piece is held
+    back until the next ids complete it. UTF-8 resyncs, so the text before it never changes; once
+    the text ends on a whole character, decoding starts afresh (not from the sample's start)."""
     pending, shown = [], ""   # the ids since the text last ended on a whole character
     for i in ids:
         pending.append(i)
@@ -180,28 +159,25 @@ def file_id(path):
 
 
 class TokenFile:
-    """One split, data/<name>/<split>.bin: uint16 token ids, checked when opened (the file exists,
-    holds more than block_size + 1 tokens and no id beyond the vocabulary; a val split too short
-    would otherwise fail only at the first evaluation). Read with pread, never through a memmap: a
-    file cut short under a running trainer is then a short read and one sentence, where a memmap
-    would kill the process with SIGBUS and no message. limit > 0: only its first `limit` tokens
-    are read (train.py's train_tokens)."""
+    """One split, data/<name>/<split>.bin, checked when opened: it exists, holds more than
+    block_size + 1 tokens (a val split too short would fail only at the first evaluation) and no
+    id beyond the vocabulary. Read with pread, not a memmap: a file cut short under a running
+    trainer is then a short read and one sentence, not SIGBUS. limit > 0: only its first `limit`
+    tokens are read (train.py's train_tokens)."""
 
     def __init__(self, path, block_size, vocab_size, limit=0):
         self.path, self.block_size, self.vocab_size = str(path), block_size, vocab_size
         if not os.path.isfile(path) or os.path.getsize(path) == 0:
             raise SystemExit(f"error: {path} is {'empty' if os.path.isfile(path) else 'missing'}: "
                              "prepare the dataset again (python prepare_data.py ...)")
-        if os.path.getsize(path) % 2:   # uint16 tokens: two bytes each
-            raise SystemExit(f"error: {path} has an odd number of bytes "
-                             f"({os.path.getsize(path):,}): it is cut short or not uint16 tokens; "
-                             "prepare the dataset again")
         self.id = file_id(path)
-        n = self.id[1] // 2
-        if limit > n:
-            raise SystemExit(f"error: train_tokens={limit:,} but {path} has {n:,} tokens: lower "
-                             "--train_tokens (0: all of them)")
-        n = self.n = limit or n
+        if self.id[1] % 2:   # uint16 tokens: two bytes each
+            raise SystemExit(f"error: {path} has an odd number of bytes ({self.id[1]:,}): it is "
+                             "cut short or not uint16 tokens; prepare the dataset again")
+        if limit > self.id[1] // 2:
+            raise SystemExit(f"error: train_tokens={limit:,} but {path} has {self.id[1] // 2:,} "
+                             "tokens: lower --train_tokens (0: all of them)")
+        n = self.n = limit or self.id[1] // 2
         if n <= block_size + 1:
             raise SystemExit(f"error: {path} has {n} tokens, not more than block_size={block_size} "
                              "+ 1: lower --block_size or prepare more text")
@@ -214,8 +190,7 @@ class TokenFile:
             self.check_ids(self.read([i], min(chunk, n - int(i))))
 
     def __len__(self):
-        """The number of tokens, as checked when opened; a file changed since (cut short,
-        prepared again) is one sentence."""
+        """The number of tokens; a file changed since it was checked is one sentence."""
         if file_id(self.path) != self.id:
             self.changed()
         return self.n
@@ -230,8 +205,7 @@ class TokenFile:
         return ids.reshape(len(starts), n).astype(np.int64)
 
     def rows(self, starts):
-        """A row of block_size + 1 tokens from each start: a batch's inputs and, shifted by one,
-        its targets."""
+        """A row of block_size + 1 tokens from each start: inputs and, shifted by one, targets."""
         rows = self.read(starts, self.block_size + 1)
         self.check_ids(rows)
         return rows
@@ -246,4 +220,3 @@ class TokenFile:
         raise SystemExit(f"error: {self.path} changed under the running trainer (cut short, "
                          "replaced or removed): restore it as it was, then continue from the last "
                          "checkpoint with --init_from=resume")
-

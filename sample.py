@@ -51,7 +51,7 @@ meta, source = ckpt.get("vocab"), f"{path}'s vocabulary"
 if meta is None:
     meta = load_meta(dataset_dir(str(ckpt["config"].get("dataset"))))
     source = f"data/{ckpt['config'].get('dataset')}/meta.json"
-elif not isinstance(meta, dict) or {"tokenizer", "vocab_size"} - meta.keys() or meta_problem(meta):
+elif meta_problem(meta):
     sys.exit(f"error: {path} records a vocabulary that is not one (corrupt or edited): "
              "sample from another checkpoint")
 # prepared again: another tokenizer or text
@@ -75,13 +75,12 @@ if start.startswith("FILE:"):   # at most what the model can see: a prompt of bl
                  "give a UTF-8 text file")
 try:
     ids = encode(start)
-except ValueError as e:   # a character outside a char-level vocabulary
-    sys.exit(f"error: the prompt cannot be encoded: {e}")
+except KeyError as e:   # a character outside a char-level vocabulary
+    sys.exit(f"error: the prompt's character {e.args[0]!r} is not in the char-level vocabulary")
 if not ids or len(ids) > model.config.block_size:
     sys.exit(f"error: the prompt encodes to {len(ids)} tokens, and the model takes 1 to "
              f"{model.config.block_size} (its block_size): give a shorter, non-empty --start")
 x = torch.tensor(ids, dtype=torch.long, device=device)[None, :]
-
 
 print(telemetry.describe(path, ckpt), flush=True)
 torch.manual_seed(seed)   # here: building the model drew from the generator too

@@ -40,7 +40,7 @@ def test_the_tokenizers(tmp_path):
     gpt2, char, byte = (dataset.get_tokenizer({"tokenizer": t, "chars": "ab"})
                         for t in ("gpt2", "char", "byte"))
     assert gpt2[0]("Hello world") == [15496, 995] and dataset.gpt2_encoding().n_vocab == 50257
-    with pytest.raises(ValueError, match="'z'"):
+    with pytest.raises(KeyError, match="'z'"):
         char[0]("abz")
     # byte: the end-of-text id decodes to nothing, a cut character to U+FFFD (a model may emit any)
     assert byte[1]([256, *"é".encode(), 256, *"é".encode()[:1]]) == "é\ufffd"
@@ -102,7 +102,7 @@ def test_a_set_is_prepared_again_only_when_needed_and_never_lost(tmp_path, monke
             and "keeps its earlier set" in error_of(e))
     assert snapshot() == before   # the earlier set intact, no .tmp file left behind
     with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
-        m.setattr(prepare_data, "write_meta", mock.Mock(side_effect=KeyboardInterrupt))
+        m.setattr(prepare_data.json, "dump", mock.Mock(side_effect=KeyboardInterrupt))
         prepare(more.replace("speak", "SPEAK"), "--val_fraction", "0.2")   # the same .bin sizes
     assert not (out / "meta.json").exists()   # killed after the bins got their names: incomplete
     assert not prepare(more, "--val_fraction", "0.2")   # so prepared again, the sizes not trusted
@@ -110,61 +110,60 @@ def test_a_set_is_prepared_again_only_when_needed_and_never_lost(tmp_path, monke
     assert dataset.get_tokenizer(meta)[1](train + val) == more
 
 
-@pytest.mark.parametrize("tokenizer", ["gpt2", "byte"])
-def test_fineweb_edu_from_the_hub(tmp_path, monkeypatch, capsys, tokenizer):
-    docs = ["doc one", "the second document, a bit longer", "doc three\nwith a newline", "4"] * 50
-    args = ["fineweb_edu", "--num_tokens", "600", "--processes", "2", "--tokenizer", tokenizer,
-            "--out_dir", str(tmp_path / "fw")]
-    offline = mock.Mock(**{"load_dataset.side_effect": ConnectionError("no huggingface.co\n...")})
-    for module, words in ((None, "needs the optional `datasets` package: pip install datasets"),
-                          (offline, "no huggingface.co; offline, prepare local shards with")):
-        monkeypatch.setitem(sys.modules, "datasets", module)   # None: `import datasets` fails
-        with pytest.raises(SystemExit) as e:
-            prepare_data.main(args)
-        assert words in error_of(e) and not any(p.is_file() for p in tmp_path.rglob("*"))
-    hub = mock.Mock(**{"load_dataset.return_value": ({"text": d} for d in docs)})
-    monkeypatch.setitem(sys.modules, "datasets", hub)
-    prepare_data.main(args)
-    hub.load_dataset.assert_called_once_with("HuggingFaceFW/fineweb-edu", name="sample-10BT",
-                                             split="train", streaming=True)
-    meta, train, val = read_set(tmp_path / "fw")
-    assert val + train == stream_of(docs, tokenizer)[:600] and len(val) == 600 // 200   # 0.5%
-    # the fingerprint: the documents that start within the budget, a cut one too, in order
-    starts = np.cumsum([0] + [len(stream_of([d], tokenizer)) for d in docs])
-    used = b"".join(hashlib.sha256(d.encode()).digest() for d, s in zip(docs, starts) if s < 600)
-    assert meta["source_sha256"] == hashlib.sha256(used).hexdigest()
-    monkeypatch.setitem(sys.modules, "datasets", None)   # a complete set needs no download
-    prepare_data.main(args)
-    assert "already prepared" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
-def test_local_shards_give_the_tokens_of_their_documents(tmp_path, monkeypatch, capsys, fmt):
-    datasets = pytest.importorskip("datasets")
+@pytest.mark.parametrize("source", ["hub", "parquet", "jsonl"])
+def test_fineweb_edu_gives_the_tokens_of_its_documents(tmp_path, monkeypatch, capsys, source):
     docs = [f"Document {i}: " + TEXT[i * 7:i * 7 + 50 + i] for i in range(40)]   # non-ASCII too
-    def write_shards(*parts):   # one shard a part, with an id column too, as FineWeb-Edu's
-        for k, part in enumerate(parts):
-            rows = datasets.Dataset.from_list([{"id": i, "text": t} for i, t in enumerate(part)])
-            (rows.to_parquet if fmt == "parquet" else rows.to_json)(tmp_path / f"shard_{k}.{fmt}")
-    write_shards(docs[:20], docs[20:])
-    args = ["fineweb_edu", "--data_files", str(tmp_path / f"*.{fmt}"), "--val_tokens", "100",
-            "--num_proc", "2", "--out_dir", str(tmp_path / "fw")]
+    args = ["fineweb_edu", "--num_tokens", "600", "--processes", "2", "--out_dir",
+            str(tmp_path / "fw")]
+    if source == "hub":
+        offline = mock.Mock(**{"load_dataset.side_effect": ConnectionError("no huggingface.co\n.")})
+        for module, words in ((None, "needs the optional `datasets` package: pip install datasets"),
+                              (offline, "no huggingface.co; offline, prepare local shards with")):
+            monkeypatch.setitem(sys.modules, "datasets", module)   # None: `import datasets` fails
+            with pytest.raises(SystemExit) as e:
+                prepare_data.main(args)
+            assert words in error_of(e) and not any(p.is_file() for p in tmp_path.rglob("*"))
+        hub = mock.Mock(**{"load_dataset.return_value.iter.return_value": [{"text": docs}]})
+        monkeypatch.setitem(sys.modules, "datasets", hub)
+    else:
+        datasets = pytest.importorskip("datasets")
+        def write_shards(*parts):   # one shard a part, with an id column too, as FineWeb-Edu's
+            for k, part in enumerate(parts):
+                rows = datasets.Dataset.from_list([{"id": i, "text": t}
+                                                   for i, t in enumerate(part)])
+                (rows.to_parquet if source == "parquet" else rows.to_json)(
+                    tmp_path / f"shard_{k}.{source}")
+        write_shards(docs[:20], docs[20:])
+        args += ["--data_files", str(tmp_path / f"*.{source}")]
     for tokenizer in ("gpt2", "byte", "gpt2"):   # a set of one tokenizer is not taken for another
         prepare_data.main([*args, "--tokenizer", tokenizer])
         assert "already prepared" not in capsys.readouterr().out
         meta, train, val = read_set(tmp_path / "fw")
-        assert val + train == stream_of(docs, tokenizer) and len(val) == 100   # sorted files
-        prepare_data.main([*args, "--tokenizer", tokenizer])
+        # in sorted file order; the first 0.5% is val
+        assert val + train == stream_of(docs, tokenizer)[:600] and len(val) == 600 // 200
+        # the fingerprint: the documents that start within the budget, a cut one too, in order
+        starts = np.cumsum([0] + [len(stream_of([d], tokenizer)) for d in docs])
+        used = b"".join(hashlib.sha256(d.encode()).digest() for d, i in zip(docs, starts)
+                        if i < 600)
+        assert meta["source_sha256"] == hashlib.sha256(used).hexdigest()
+        with monkeypatch.context() as m:   # a complete set needs no `datasets`, no download
+            m.setitem(sys.modules, "datasets", None)
+            prepare_data.main([*args, "--tokenizer", tokenizer])
         assert "already prepared" in capsys.readouterr().out
-    assert meta["source"] == f"local {fmt.replace('jsonl', 'json')} files: {tmp_path}/*.{fmt}"
+    if source == "hub":
+        hub.load_dataset.assert_called_with(path="HuggingFaceFW/fineweb-edu", name="sample-10BT",
+                                            split="train", streaming=True)
+        return
+    assert meta["source"] == f"local {source.replace('jsonl', 'json')} files: {tmp_path}/*.{source}"
     write_shards(docs[:10])   # shard_0 changed: prepared again
     prepare_data.main(args)
     _, train, val = read_set(tmp_path / "fw")
-    assert val + train == stream_of(docs[:10] + docs[20:])
+    assert val + train == stream_of(docs[:10] + docs[20:])[:600]
 
 
 @pytest.mark.parametrize("files,args,words", [
-    *[({}, [*TXT, n], f"--name: {n!r} is not one folder name") for n in ("..", "a/b", "", ".h")],
+    *[({}, [*TXT, n], f"the dataset name {n!r} is not one folder name")
+      for n in ("..", "a/b", "", ".h")],
     ({}, [*TXT, "a" * 300], "is 300 bytes long, and a folder's name is at most 255"),
     ({}, [*TXT[:2], "gone.txt", "--name", "x"], "input file gone.txt not found"),
     ({"in.txt": b"\xff"}, [*TXT, "x"], "in.txt is not UTF-8 text"),
@@ -183,7 +182,7 @@ def test_local_shards_give_the_tokens_of_their_documents(tmp_path, monkeypatch, 
     ({"a.jsonl": '{"text": "a"}\n{"id": 2}'}, JS, "1 of the source is NoneType"),
     ({"a.jsonl": '{"text": 7}'}, JS, "document 0 of the source is int '7', not text"),
     ({"a.jsonl": '{"text": "tiny"}'}, [*JS, "--val_tokens", "50"],
-     f"hold only {len(stream_of(['tiny']))} tokens, not more than val_tokens=50"),
+     "the train split would hold 0 token(s), fewer than the 3 a training sequence needs"),
     ({"tinyshakespeare.txt": "#" + prepare_data.SHAKESPEARE.read_text()[1:]}, ["shakespeare_char"],
      "tinyshakespeare.txt has sha256 ")])
 def test_bad_input_is_one_sentence(tmp_path, monkeypatch, capsys, files, args, words):
