@@ -29,7 +29,8 @@ import checkpoint
 import telemetry
 from checkpoint import CheckpointError
 from config.defaults import DEFAULTS, PAIR_RULES, TRAIN_RULES, help_comments
-from configurator import ConfigError, check_device, configure, default_device, differing_configs
+from configurator import (ConfigError, check_device, configure, default_device, differing_configs,
+                          keep_freed_memory)
 from dataset import TokenFile, dataset_dir, load_meta, vocabulary
 from model import GPT, GPTConfig, peak_flops
 
@@ -83,8 +84,10 @@ autocast = (torch.autocast(device_type, dtype=torch.bfloat16) if dtype == "bfloa
 weights_dtype = torch.float64 if dtype == "float64" else torch.float32
 torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
-if device_type == "cpu" and cpu_threads:
-    torch.set_num_threads(cpu_threads)
+if device_type == "cpu":
+    if cpu_threads:
+        torch.set_num_threads(cpu_threads)
+    keep_freed_memory()   # else glibc faults every step's activations in afresh (configurator.py)
 if master:
     threads = (f" ({torch.get_num_threads()} thread(s), --cpu_threads)" if device_type == "cpu"
                else "")

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from config.defaults import DEFAULTS, TRAIN_RULES, help_comments
 from configurator import (ConfigError, at_least, boolean, check_device, configure, default_device,
-                          one_of)
+                          keep_freed_memory, one_of)
 from model import GPT, GPTConfig, peak_flops
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
@@ -76,7 +76,7 @@ defaults = {**DEFAULTS, **{k: v for k, (v, _) in OWN.items()}}
 # so the others (optimizer, gradient_accumulation_steps, learning rate, schedule...) would be
 # silently ignored
 HONOURED = {f.name for f in fields(GPTConfig)} | {"batch_size", "device", "dtype", "compile",
-                                                  "dataset", "mfu_peak_flops"}
+                                                  "dataset", "mfu_peak_flops", "cpu_threads"}
 
 
 # the values a benchmark accepts: train.py's rules for the keys it uses, and its own
@@ -193,6 +193,10 @@ def build(cfg):
     dtype = cfg["dtype"] or ("bfloat16" if device.startswith("cuda") else "float32")
     gcfg = model_config(cfg)
     vocab = gcfg.vocab_size
+    if device == "cpu":   # as train.py
+        if cfg["cpu_threads"]:
+            torch.set_num_threads(cfg["cpu_threads"])
+        keep_freed_memory()
     torch.manual_seed(0)
     model = (GPT2(gcfg) if cfg["arch"] == "gpt2" else GPT(gcfg)).to(device)
     if dtype == "float64":   # as train.py: a reference run
@@ -229,10 +233,12 @@ def measure(cfg):
     warmup_s, times = time.perf_counter() - t0, []
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(cfg["steps"]):
         t0 = time.perf_counter()
         step()
         times.append(time.perf_counter() - t0)
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / cfg["steps"]
     ms = 1000 * statistics.median(times)
     tokens = info["tokens"]
     peak = cfg["mfu_peak_flops"] or peak_flops(
@@ -241,7 +247,7 @@ def measure(cfg):
     peak_mem = torch.cuda.max_memory_allocated() if device.startswith("cuda") else \
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {"ms": ms, "tokens_per_s": tokens / ms * 1000, "warmup_s": warmup_s,
-            "peak_mem_mb": peak_mem / 2**20,
+            "peak_mem_mb": peak_mem / 2**20, "faults_per_step": faults,
             "mfu": flops / (ms / 1000) / peak if peak else None,
             "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
             "device": device, "dtype": dtype}
@@ -401,7 +407,8 @@ def main(argv):
                   f"{r['tokens_per_s']:,.0f} tokens/s, "
                   + (f"MFU {100 * r['mfu']:.1f}%, " if r["mfu"] is not None
                      else "MFU — (no known peak: --mfu_peak_flops), ")
-                  + f"peak memory {r['peak_mem_mb']:,.0f} MB; warmup {r['warmup_s']:.1f} s")
+                  + f"peak memory {r['peak_mem_mb']:,.0f} MB, {r['faults_per_step']:,.0f} page "
+                  f"faults/step; warmup {r['warmup_s']:.1f} s")
 
 
 if __name__ == "__main__":
