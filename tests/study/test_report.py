@@ -23,9 +23,8 @@ def test_the_paired_table_sign_flip_p_t_interval_and_whole_split():
     assert report.sign_flip_p([0.1, 0.2, 0.1, 0.3, 0.2, 0.1]) == 2 / 64
     assert report.sign_flip_p([3.0, 1.0, 1.0]) == 2 / 8   # |sum| >= 5: (+,+,+) and (-,-,-)
     assert report.sign_flip_p([1.0, -1.0]) == 1.0 and report.sign_flip_p([0.5]) is None
-    assert report.t975(3) == 3.182 and report.t975(11) == 2.201 and report.t975(30) == 2.042
-    assert report.t975(40) == pytest.approx(2.021, abs=2e-4)
-    assert report.t975(120) == pytest.approx(1.980, abs=2e-4)
+    assert [report.t975(n) for n in (3, 11, 30)] == [3.182, 2.201, 2.042]
+    assert [report.t975(n) for n in (40, 120)] == pytest.approx([2.021, 1.980], abs=2e-4)
     grid = [Variant("base", "c.py", [], None, "", 0), Variant("x", "c.py", [], "base", "x", -1),
             Variant("never", "c.py", [], "base", "", -1)]
     diffs = [-0.02, -0.01, 0.005, -0.03]
@@ -104,7 +103,8 @@ def test_the_dnp_split_adds_up_with_p_values_and_the_telemetry_is_read(tmp_path)
     lines, data = report.power_report(results)
     split = data["splits"][0]
     # unified - dnp, seed by seed: -0.01 for an odd seed s, -0.01 - 0.001 s for an even one
-    uni, novec = data["beyond_dnp"]
+    uni, novec = data["beyond_dnp"]   # BEYOND_DNP's pairs, in its order
+    assert [(r["variant"], r["baseline"]) for r in data["beyond_dnp"]] == report.BEYOND_DNP
     assert uni["seeds"] == list(range(1, 7)) and uni["mean"] == pytest.approx(-0.01 - 0.002)
     assert novec["mean"] == pytest.approx(-0.005) and novec["p"] == 2 / 64
     assert split["seeds"] == list(range(1, 7))

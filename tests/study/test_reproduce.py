@@ -25,6 +25,11 @@ G = ["--grid=g", "--max_iters=8", "--results_dir=res"]
 CODE = {"commit": "c" * 40, "diff": None, "id": "this"}   # others may edit the tree meanwhile
 
 
+@pytest.fixture(autouse=True)
+def in_tmp(tmp_path, monkeypatch):   # each test's results folders: its own
+    monkeypatch.chdir(tmp_path)
+
+
 def dry(capsys, *argv):
     """What a dry run of argv prints (the grids, and g)."""
     assert reproduce.main([*argv, "--dry_run"], {**grids.GRIDS, **ONE}) == 0
@@ -85,12 +90,10 @@ def fake_train(monkeypatch, calls):
 
 
 @pytest.mark.parametrize("run_json", ["record", "", '{"args": ["--max_it', None])
-def test_dry_run_says_done_resume_or_to_do_and_the_run_does_that(
-        run_json, tmp_path, monkeypatch, capsys):
+def test_dry_run_says_done_resume_or_to_do_and_the_run_does_that(run_json, monkeypatch, capsys):
     """Seed 1 done, 2 interrupted, 3 new, 4 a torn result.json (left out with a note, rerun). 2
     resumes, by its run.json or, with none that reads (empty, torn, none: a hand run), by its
     checkpoint's config; then its first code is unknown, and both codes count and are listed."""
-    monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(reproduce, "code_version", lambda: CODE)
     recovered = run_json != "record"
     write_result(1, CODE)
@@ -133,10 +136,9 @@ def test_dry_run_says_done_resume_or_to_do_and_the_run_does_that(
      "ckpt_0000004.pt was trained with max_iters=20, not 8; device='cpu', not ''"),
     (False, None, False, "no readable run.json, and none of its checkpoints loads")])
 def test_checkpoints_no_record_accounts_for_are_neither_resumed_nor_deleted(
-        run_json, change, loadable, why, tmp_path, monkeypatch):
+        run_json, change, loadable, why, monkeypatch):
     """The checkpoint's config is the truth, whatever run.json says: other settings (a hand run),
     or none that loads: one sentence naming the folder, --replace or not; nothing touched."""
-    monkeypatch.chdir(tmp_path)
     record = json.dumps({"args": args_of(1), "wall_s": 3.0, "code": None}) if run_json else None
     run, files = interrupted(1, record, change, loadable)
     monkeypatch.setattr(reproduce.Children, "run", lambda *a, **k: pytest.fail("must not start"))
@@ -155,7 +157,6 @@ def test_a_folder_holds_one_settings_and_its_summary_regenerates_from_the_commit
     unless --replace; complete, it runs nothing and rewrites the whole grid's summary with the
     committed numbers, as do scaling and regime, their reports too (JSON: a numpy bool once was
     not). No summary names an absolute path (issue 32)."""
-    monkeypatch.chdir(tmp_path)
     for grid in ("default", "scaling", "regime"):   # the runs' --out_dir: relative paths
         shutil.copytree(Path(ROOT, "study/results", grid), Path("study/results", grid),
                         ignore=shutil.ignore_patterns("*.png", "summary.*"))
@@ -204,9 +205,7 @@ def test_a_folder_holds_one_settings_and_its_summary_regenerates_from_the_commit
         assert not found, f"{path} names {found[0]}"
 
 
-def test_a_grid_whose_code_changes_as_it_runs_starts_no_further_run(
-        tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
+def test_a_grid_whose_code_changes_as_it_runs_starts_no_further_run(monkeypatch, capsys):
     calls = []   # the first call is the grid's start; the code is edited after it
     monkeypatch.setattr(reproduce, "code_version", lambda: calls.append(1) or {
         **CODE, "id": "one" if len(calls) == 1 else "two"})
@@ -243,7 +242,6 @@ def test_one_reproduce_per_folder_names_matched_literally_records_fsynced(
         tmp_path, monkeypatch, capsys):
     """A second invocation on a folder is one sentence (issue 20.11); 'res[1]' is no pattern that
     reaches res1 (20.2); a record: a temporary name, fsynced, renamed, its rename fsynced (31.1)"""
-    monkeypatch.chdir(tmp_path)
     held = reproduce.lock_results("res")
     msg = refused(*G, "--seeds=1")
     held.close()
@@ -353,11 +351,9 @@ def test_a_grid_of_train_py_runs_stops_on_sigterm_resumes_reruns_a_failure_and_s
     assert reproduce.main(argv, grid) == 0 and "2 done, 0 to do" in capsys.readouterr().out
 
 
-def test_added_rows_and_bad_input_are_checked_before_anything_is_written(
-        tmp_path, monkeypatch, capsys):
+def test_added_rows_and_bad_input_are_checked_before_anything_is_written(capsys):
     """--add=NAME:CONFIG[:OVERRIDES[:BASELINE[:SIGN[:CLAIM]]]]; a variant's NAME runs its flags
     (issue 32). Bad input is one sentence (a usage error for counts); nothing written (20.12)."""
-    monkeypatch.chdir(tmp_path)
     Path("README.md").write_text("not a folder\n")
     add = lambda spec: grids.parse_added(spec, grids.default_grid())   # noqa: E731
     assert add("w:config/unified_char.py:--n_embd=192,--n_head=6") == Variant(
@@ -387,11 +383,9 @@ def test_added_rows_and_bad_input_are_checked_before_anything_is_written(
     assert os.listdir() == ["README.md"]
 
 
-def test_the_plan_reads_each_runs_own_iterations_size_epochs_and_tokens(
-        tmp_path, monkeypatch, capsys):
+def test_the_plan_reads_each_runs_own_iterations_size_epochs_and_tokens(capsys):
     """Each run's iterations and FLOPs set the estimate; the epoch cap counts train.bin, not
     meta.json (issue 31.4); both read train.py's --max_iters, the last. Node runs: by --tokens."""
-    monkeypatch.chdir(tmp_path)
     Path("data/c").mkdir(parents=True)
     Path("data/c/train.bin").write_bytes(bytes(2 * 200_000))   # 200k tokens
     argv = ["--grid=regime", "--dataset=c", "--seeds=1"]

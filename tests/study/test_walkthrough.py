@@ -1,8 +1,7 @@
-"""study/walkthrough.py runs as a plain script, on a smaller model of a smaller dataset than its
-defaults, and shows what it says: its training's progress as it goes, the folded model's logits
-are the baseline's, one SGD step on W moves the folded map's columns by g_i^2 times the folded
-model's own step, the unified model cannot fold; and it writes its four figures into the folder
-it is given."""
+"""study/walkthrough.py as a plain script, on a small model of data/tiny, shows what it says (its
+progress as it trains; the folded model's logits are the baseline's; one SGD step on W moves the
+folded map's columns by g_i^2 times the folded model's own step; unified cannot fold) and writes
+its four figures into the folder it is given, nowhere else."""
 import os
 import re
 import subprocess
@@ -11,8 +10,6 @@ import sys
 import pytest
 
 from helpers import ENV, ROOT
-
-FIGURES = ("g_per_layer.png", "folding.png", "preconditioning.png", "loss.png")
 
 
 @pytest.mark.slow
@@ -31,7 +28,7 @@ def test_the_walkthrough_runs_as_a_script_and_shows_the_papers_argument(workdir,
     progress = re.findall(r"^(\w+) step (\d+)/40: loss \d+\.\d{4}, \d+ s$", out, re.M)
     assert training and progress == [(name, str(step)) for name in ("baseline", "unified")
                                      for step in range(4, 41, 4)], out
-    for name in FIGURES:
+    for name in ("g_per_layer.png", "folding.png", "preconditioning.png", "loss.png"):
         with open(tmp_path / "walk" / name, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n", name
     assert not os.path.exists(workdir / "out")   # only the folder it was given
