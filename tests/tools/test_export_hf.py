@@ -4,6 +4,7 @@ import errno
 import json
 import math
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,11 +19,16 @@ TINY = dict(block_size=64, vocab_size=100, n_layer=2, n_head=4, n_embd=64)
 TEXT = "First Citizen:\nBefore we proceed any further, hear me. naïve 日本語 🤖  \n\t it's"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():   # models this small: 10-50x faster on one thread of a busy 2-core machine
+@pytest.fixture(autouse=True)
+def in_tmp(tmp_path, monkeypatch):   # one thread: models this small, 10-50x faster on 2 busy cores
+    monkeypatch.chdir(tmp_path)
     threads = torch.get_num_threads()
     yield torch.set_num_threads(1)
     torch.set_num_threads(threads)
+
+
+def files():   # every file under the test's folder, and its bytes
+    return {p: p.read_bytes() for p in Path().rglob("*") if p.is_file()}
 
 
 def write_run(folder, tokenizer="char", vocab=None, **flags):
@@ -53,12 +59,11 @@ def write_run(folder, tokenizer="char", vocab=None, **flags):
                    tie_embeddings=False), "char", None, "none written (a char-level"),
     # the tokenizer the run recorded wins over today's meta.json
     ("Llama", dict(vocab_size=257), "char", {"tokenizer": "byte"}, "none written (byte-level")])
-def test_the_export_computes_the_models_logits(arch, flags, tokenizer, vocab, written, tmp_path,
+def test_the_export_computes_the_models_logits(arch, flags, tokenizer, vocab, written,
                                                monkeypatch, capsys):
     safetensors = pytest.importorskip("safetensors.torch")
-    monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    model = write_run(tmp_path, tokenizer, vocab, **flags)
+    model = write_run(Path(), tokenizer, vocab, **flags)
     os.makedirs("hf")   # an empty folder; hf.old beside it is someone's (a run)
     os.makedirs("hf.old")
     open("hf.old/ckpt_0000010.pt", "w").write("a run")
@@ -89,7 +94,6 @@ def test_the_export_computes_the_models_logits(arch, flags, tokenizer, vocab, wr
             m.setattr(where, name, wrong)
             assert (llama_forward(*export_hf.hf_export(model), idx) - ours).abs().max() > 1e-2
     export_hf.main(["--out_dir=out", "--to=hf", "--verify=False"])   # over its own export
-    files = lambda: {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     written, names = files(), sorted(os.listdir())
     assert names == ["data", "hf", "hf.old", "out"] and open("hf.old/ckpt_0000010.pt").read()
     monkeypatch.setattr(safetensors, "save_file", lambda *a, **kw: (_ for _ in ()).throw(
@@ -120,8 +124,7 @@ def test_the_export_computes_the_models_logits(arch, flags, tokenizer, vocab, wr
     ("nan logits", "hf", "the export's logits differ from the checkpoint's by nan")])
 def test_what_cannot_be_exported_is_one_sentence_and_changes_nothing(case, to, message, tmp_path,
                                                                      monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    write_run(tmp_path, **{"unified": VARIANTS["unified"], "post_norm": dict(post_norm=True),
+    write_run(Path(), **{"unified": VARIANTS["unified"], "post_norm": dict(post_norm=True),
                            "moe": dict(n_experts=4)}.get(case, {}))
     for name, held in (("notes", "README.md"), ("theirs", "config.json")):   # someone's files
         os.mkdir(name)
@@ -130,7 +133,6 @@ def test_what_cannot_be_exported_is_one_sentence_and_changes_nothing(case, to, m
     if case == "nan logits":
         pytest.importorskip("safetensors")
         monkeypatch.setattr(export_hf, "compare", lambda model, folder: (math.nan, 0.0))
-    files = lambda: {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     before = files()
     with pytest.raises(SystemExit) as e:
         export_hf.main(["--out_dir=out"] + [f"--to={to}"] * bool(to))
