@@ -51,16 +51,17 @@ FINEWEB = "HuggingFaceFW/fineweb-edu (sample-10BT, streaming)"
 class Progress:
     """One self-overwriting line on stderr: 'tokenizing:  45% 450.0M/1.0G tokens 12.3M tokens/s'."""
     def __init__(self, total, unit):
-        self.total, self.unit, self.n, self.t0, self.last = total, unit, 0, time.time(), 0
+        self.total, self.unit, self.n, self.shown = total, unit, 0, False
+        self.t0 = self.last = time.time()
     def update(self, k):
         self.n, now = self.n + k, time.time()
         if now - self.last > 0.5 or self.n >= self.total:  # redraw at most twice a second
-            self.last, rate = now, self.n / max(now - self.t0, 1e-9)
+            self.last, self.shown, rate = now, True, self.n / max(now - self.t0, 1e-9)
             print(f"\rtokenizing: {100 * self.n / max(self.total, 1):3.0f}% {self.n / 1e6:.1f}M/"
                   f"{self.total / 1e6:.1f}M {self.unit} {rate / 1e6:.1f}M {self.unit}/s", end="",
                   file=sys.stderr, flush=True)
     def close(self):
-        if self.last:   # a line was drawn
+        if self.shown:
             print(file=sys.stderr)
 
 def utf8_ids(text):
