@@ -95,7 +95,7 @@ except (AttributeError, RuntimeError):
 
 @pytest.mark.parametrize("name, dev", [
     ("baseline", "cpu"), ("unified", "cpu"), ("dp", "cpu"),
-    pytest.param("unified", "cuda", marks=pytest.mark.skipif(
+    pytest.param("unified", "cuda", id="unified-on_cuda", marks=pytest.mark.skipif(   # -k on_cuda
         not torch.cuda.is_available(), reason="CUDA's grouped GEMM needs a GPU"))])
 def test_loop_and_grouped_paths_agree(name, dev):
     """Both dispatch paths agree, forward and backward, an expert left with no token by the bias
