@@ -130,8 +130,8 @@ def eval_batches(split, full=False):
         starts = np.linspace(0, len(splits[split]) - block_size - 1,
                              eval_iters * batch_size).astype(np.int64)
         rows = batch_size
-    else:
-        targets = len(splits["val"]) - 1
+    else:   # as many train tokens as val ones, within train_tokens' prefix
+        targets = min(len(splits[split]), len(splits["val"])) - 1
         starts = np.arange(targets // block_size) * block_size
         rows = max(batch_size, 2 ** 14 // block_size)
     for k in range(rank * rows, len(starts), world_size * rows):
