@@ -71,7 +71,7 @@ def load_meta(data_dir):
                          f"`python prepare_data.py {cmd}` there first")
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError) as e:   # JSONDecodeError is a ValueError
+    except (OSError, ValueError) as e:   # JSONDecodeError, UnicodeDecodeError: ValueErrors
         raise SystemExit(f"error: {path} is not valid JSON ({e}): "
                          "prepare the dataset again") from None
     if wrong := meta_problem(meta):
@@ -187,7 +187,7 @@ class TokenFile:
         starts = (range(0, n, chunk) if n <= 1 << 28
                   else np.linspace(0, n - chunk, 16).astype(np.int64))
         for i in starts:
-            self.check_ids(self.read([i], min(chunk, n - int(i))))
+            self.read([i], min(chunk, n - int(i)))
 
     def __len__(self):
         """The number of tokens; a file changed since it was checked is one sentence."""
@@ -196,19 +196,18 @@ class TokenFile:
         return self.n
 
     def read(self, starts, n):
-        """(len(starts), n) tokens as int64, a row of n from each start."""
+        """(len(starts), n) tokens as int64, a row of n from each start, their ids checked."""
         with open(self.path, "rb") as f:
             raw = [os.pread(f.fileno(), 2 * n, 2 * int(i)) for i in starts]
         if any(len(r) < 2 * n for r in raw):
             self.changed()
-        ids = np.frombuffer(b"".join(raw), dtype=np.uint16)
-        return ids.reshape(len(starts), n).astype(np.int64)
+        ids = np.frombuffer(b"".join(raw), dtype=np.uint16).reshape(len(starts), n)
+        self.check_ids(ids)
+        return ids.astype(np.int64)
 
     def rows(self, starts):
         """A row of block_size + 1 tokens from each start: inputs and, shifted by one, targets."""
-        rows = self.read(starts, self.block_size + 1)
-        self.check_ids(rows)
-        return rows
+        return self.read(starts, self.block_size + 1)
 
     def check_ids(self, ids):
         if ids.size and ids.max() >= self.vocab_size:

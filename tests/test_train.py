@@ -8,9 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import ROOT, final_state, finish, model_py, records, start, train
+from helpers import ROOT, final_state, finish, records, start, train
 from config.variants import VARIANTS
 from model import GPT, GPTConfig
+
+TORCHRUN = (sys.executable, "-m", "torch.distributed.run",
+            "--standalone", "--nproc_per_node=2")
 
 
 @pytest.mark.slow
@@ -31,24 +34,28 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(workdir):
 
 
 @pytest.mark.slow
-def test_ddp_two_processes_match_one_process_with_accumulation(workdir):
+def test_ddp_two_processes_match_one_and_a_mismatch_is_refused_before_anything_is_written(
+        workdir):
+    """Two processes, one micro-step each, make the step of one process with two. Refused: an
+    accumulation the processes cannot share, and a config that reads RANK (max_iters by process:
+    it hung for gloo's 30 minutes)."""
     common = ["--max_iters=4", "--eval_interval=4", "--gradient_accumulation_steps=2"]
     train(workdir, "--out_dir=out_single", *common)
-    train(workdir, "--out_dir=out_ddp", *common,
-          launcher=(sys.executable, "-m", "torch.distributed.run", "--standalone",
-                    "--nproc_per_node=2"))
-    single, ddp = (final_state(workdir, "out_single")["model"],
-                   final_state(workdir, "out_ddp")["model"])
+    train(workdir, "--out_dir=out_ddp", *common, launcher=TORCHRUN)
+    single, ddp = (final_state(workdir, out)["model"] for out in ("out_single", "out_ddp"))
     for k in single:
         assert torch.allclose(single[k], ddp[k], atol=1e-5, rtol=0), k
     assert final_state(workdir, "out_ddp")["iter_num"] == 4
-    p = train(workdir, "--out_dir=out_ddp_odd", "--max_iters=4", "--gradient_accumulation_steps=3",
-              check=False,
-              launcher=(sys.executable, "-m", "torch.distributed.run", "--standalone",
-                        "--nproc_per_node=2"))
-    assert p.returncode != 0 and (
-        "gradient_accumulation_steps=3 is not a multiple of the 2 processes" in p.stderr), p.stderr
-    assert not (workdir / "out_ddp_odd").exists()   # refused before anything was written
+    (workdir / "by_rank.py").write_text(
+        "import os\nmax_iters = 2 + int(os.environ.get('RANK', 0))\n")
+    for args, message in (
+            (["--max_iters=4", "--gradient_accumulation_steps=3"],
+             "gradient_accumulation_steps=3 is not a multiple of the 2 processes"),
+            (["by_rank.py", "--gradient_accumulation_steps=2"], "error: the 2 processes run "
+             "different configurations (max_iters; max_iters=2, 3 by rank)")):
+        p = train(workdir, "--out_dir=out_ddp_bad", *args, check=False, launcher=TORCHRUN)
+        assert p.returncode != 0 and message in p.stderr, p.stderr
+        assert not (workdir / "out_ddp_bad").exists()
 
 
 @pytest.mark.slow
@@ -92,16 +99,6 @@ def test_bf16_autocast_on_cpu_trains_like_float32(workdir):
 
 
 @pytest.mark.slow
-def test_train_tokens_trains_on_a_prefix_and_a_longer_one_is_one_sentence(workdir):
-    train(workdir, "--out_dir=out_prefix", "--max_iters=2", "--eval_interval=2",
-          "--train_tokens=500")
-    p = train(workdir, "--out_dir=out_prefix_bad", "--max_iters=2", "--train_tokens=10000000",
-              check=False)
-    assert p.returncode != 0 and "train_tokens=10,000,000 but" in p.stderr, p.stderr
-    assert not (workdir / "out_prefix_bad").exists()
-
-
-@pytest.mark.slow
 def test_wandb_logs_offline_and_a_resume_continues_the_same_run(workdir, tmp_path):
     """Issue 34: --wandb_log=True (WANDB_MODE=offline, no network) writes wandb's files into
     out_dir; a resume continues the run of the same id; without wandb it is one sentence."""
@@ -119,15 +116,35 @@ def test_wandb_logs_offline_and_a_resume_continues_the_same_run(workdir, tmp_pat
     assert p.returncode != 0 and "--wandb_log=True needs wandb: pip install wandb" in p.stderr
 
 
+DATA_FAULTS = {   # data/bad_<fault>, a copy of data/tiny with one fault -> what the sentence says
+    "vocab": "beyond vocab_size", "no_meta": "meta.json missing", "no_bin": "val.bin is missing",
+    "torn_bin": "train.bin has an odd number of bytes", "bad_json": "meta.json is not valid JSON",
+    "no_vocab": "meta.json lacks vocab_size"}
+
+
 @pytest.fixture(scope="module")
 def existing_run(workdir):
-    """A finished run in out_keep, and a dataset whose meta.json has too small a vocabulary."""
-    train(workdir, "--out_dir=out_keep", "--max_iters=2", "--eval_interval=2")
-    bad = workdir / "data" / "small_vocab"
-    shutil.copytree(workdir / "data" / "tiny", bad, dirs_exist_ok=True)
-    meta = json.loads((bad / "meta.json").read_text())
-    (bad / "meta.json").write_text(json.dumps({**meta, "vocab_size": 10,
-                                               "chars": meta["chars"][:10]}))
+    """DATA_FAULTS' datasets, and a finished run in out_keep on bad_vocab's first 500 tokens
+    (--train_tokens): only they are read, the ids after them are beyond the vocabulary."""
+    for fault in DATA_FAULTS:
+        bad = workdir / "data" / f"bad_{fault}"
+        shutil.copytree(workdir / "data" / "tiny", bad, dirs_exist_ok=True)
+        meta, tokens = json.loads((bad / "meta.json").read_text()), bad / "train.bin"
+        if fault == "vocab":
+            ids = np.fromfile(tokens, dtype=np.uint16)
+            ids[500:] = meta["vocab_size"]
+            ids.tofile(tokens)
+        elif fault == "no_vocab":
+            del meta["vocab_size"]
+            (bad / "meta.json").write_text(json.dumps(meta))
+        elif fault == "torn_bin":   # a copy cut short mid-token
+            tokens.write_bytes(tokens.read_bytes()[:-1])
+        elif fault == "bad_json":
+            (bad / "meta.json").write_text('{"tokenizer": "char", ')
+        else:
+            os.remove(bad / ("meta.json" if fault == "no_meta" else "val.bin"))
+    train(workdir, "--out_dir=out_keep", "--max_iters=2", "--eval_interval=2",
+          "--dataset=bad_vocab", "--train_tokens=500")
     return workdir / "out_keep"
 
 
@@ -139,9 +156,10 @@ def snapshot(d):
 @pytest.mark.parametrize("args,message", [
     (["--lr_decay_iters=abc"], "expects int"),          # a key whose default was None took anything
     (["--dataset=nowhere"], "prepare_data.py"),
+    *[([f"--dataset=bad_{fault}"], message) for fault, message in DATA_FAULTS.items()],
     # fits train, not val: found at start, not at the first eval
     (["--block_size=5000"], "val.bin has 2000 tokens"),
-    (["--dataset=small_vocab"], "beyond vocab_size"),
+    (["--train_tokens=10000000"], "train_tokens=10,000,000 but"),
     (["--sv_placement=post"], "sv_placement"),
     (["--batch_size=0"], "batch_size=0 is out of range: it must be >= 1"),
     (["--overwrite=False"], "holds a run"),   # a new run into an existing run's out_dir
@@ -150,9 +168,9 @@ def snapshot(d):
 ])
 def test_bad_input_is_one_sentence_and_leaves_the_existing_run_as_it_was(
         workdir, existing_run, args, message):
-    before = snapshot(existing_run)
     """Each of these is found before out_dir is touched, even with --overwrite=True (which would
     clear the run)."""
+    before = snapshot(existing_run)
     p = train(workdir, "--max_iters=4", "--out_dir=out_keep", "--overwrite=True", *args,
               check=False)
     assert p.returncode != 0

@@ -48,13 +48,6 @@ def args_of(seed):
     return reproduce.run_args(ONE["g"][0], 8, [], seed, f"res/runs/a/seed{seed}")
 
 
-def write_result(seed, code):
-    os.makedirs(f"res/runs/a/seed{seed}")
-    Path(f"res/runs/a/seed{seed}/result.json").write_text(json.dumps({
-        "variant": "a", "seed": seed, "args": args_of(seed), "val_loss": 2.0, "wall_s": 1.0,
-        "curve": [[0, 4.0], [8, 2.0]], "sv_means": {}, "code": code}))
-
-
 def interrupted(seed, run_json=None, change=None, loadable=True):
     """res/runs/a/seed<seed> as a stop leaves it: a checkpoint at iteration 4 of the grid's config
     (or `change`d), `latest`, run.json (its text; None: no file). (The folder, its files' bytes)"""
@@ -96,11 +89,13 @@ def test_dry_run_says_done_resume_or_to_do_and_the_run_does_that(run_json, monke
     checkpoint's config; then its first code is unknown, and both codes count and are listed."""
     monkeypatch.setattr(reproduce, "code_version", lambda: CODE)
     recovered = run_json != "record"
-    write_result(1, CODE)
+    done = {"variant": "a", "seed": 1, "args": args_of(1), "val_loss": 2.0, "wall_s": 1.0,
+            "curve": [[0, 4.0], [8, 2.0]], "sv_means": {}, "code": CODE}
+    for seed, result in ((1, json.dumps(done)), (4, '{"variant": "a", "se')):
+        os.makedirs(f"res/runs/a/seed{seed}")
+        Path(f"res/runs/a/seed{seed}/result.json").write_text(result)
     run, files = interrupted(2, run_json if recovered else json.dumps(
         {"args": args_of(2), "wall_s": 3.0, "code": CODE, "codes": [CODE]}))
-    os.makedirs("res/runs/a/seed4")
-    Path("res/runs/a/seed4/result.json").write_text('{"variant": "a", "se')
     if recovered:   # issue 19.5: no run of other code added silently; a dry run shows the plan
         msg = refused(*G, "--seeds=4")   # and ends with the refusal (issue 31.13)
         assert "holds runs of other code (1 of unknown)" in msg and "--mixed_code" in msg, msg
