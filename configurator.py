@@ -1,20 +1,13 @@
-"""Config files and --key=value overrides for train.py's module-level defaults.
+"""Config files and --key=value overrides for a script's defaults (train.py's: config/defaults.py).
 
     python train.py config/shakespeare_char.py --batch_size=32 --compile=False
 
-Positional args are Python config files, applied in order (later wins); every
---key=value override is applied after all files. Keys must already exist in the
-defaults and values must match the default's type (an int is accepted for a
-float; a None default accepts anything). A str default takes the raw text, so
---out_dir=123 and --init_from=None stay strings. A key whose default is a bool may
-stand alone: --compile means --compile=True (write --compile=False to turn it off).
--h/--help lists the keys.
-Config files are Python and are executed: run only config files you trust.
-
-    config = configure(DEFAULTS, sys.argv[1:], TRAIN_RULES, PAIR_RULES)
-
-train.py's keys, defaults and rules are config/defaults.py; this module is the parser and the
-kinds of rule (at_least, one_of, key_of, ...), and imports nothing of the project.
+Positional args are Python config files, applied in order (later wins), then every --key=value.
+A key must exist in the defaults and a value have its default's type (an int passes for a float,
+anything for a None default); a str default takes the raw text (--out_dir=123 stays a string); a
+bool key may stand alone (--compile is --compile=True). Config files are executed: run only those
+you trust. This module is the parser and the kinds of rule (at_least, one_of, key_of, ...), and
+imports nothing of the project.
 """
 import ast
 import difflib
@@ -29,7 +22,6 @@ import tokenize
 import types
 
 
-
 class ConfigError(ValueError):
     """A bad config file, unknown key or badly typed value."""
 
@@ -42,23 +34,17 @@ def _known(key, defaults, source):
 
 
 def _check(key, value, defaults, source):
-    """Return value (int -> float where the default is float) or raise ConfigError."""
+    """value (an int made a float where the default is a float), or ConfigError."""
     _known(key, defaults, source)
     default = defaults[key]
-    if default is None:
+    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    # a bool is an int, but neither takes the other's place
+    if default is None or (isinstance(value, type(default))
+                           and isinstance(value, bool) == isinstance(default, bool)):
         return value
-    if isinstance(default, bool):
-        ok = isinstance(value, bool)
-    elif isinstance(default, (int, float)):
-        allowed = (int, float) if isinstance(default, float) else int
-        ok = isinstance(value, allowed) and not isinstance(value, bool)
-        value = float(value) if ok and isinstance(default, float) else value
-    else:
-        ok = isinstance(value, type(default))
-    if not ok:
-        raise ConfigError(f"config key {key!r} expects {type(default).__name__}, "
-                          f"got {type(value).__name__} {value!r} ({source})")
-    return value
+    raise ConfigError(f"config key {key!r} expects {type(default).__name__}, "
+                      f"got {type(value).__name__} {value!r} ({source})")
 
 
 def _run_file(path):
@@ -82,18 +68,13 @@ def _run_file(path):
 
 
 def _parse(key, raw, default):
-    if isinstance(default, str):
-        return raw
-    try:
-        return ast.literal_eval(raw)
+    try:   # a str default takes the raw text
+        return raw if isinstance(default, str) else ast.literal_eval(raw)
     except Exception:
         if default is None:
             return raw
         raise ConfigError(f"config key {key!r} expects {type(default).__name__}, "
                           f"could not parse {raw!r} (from --{key}={raw})") from None
-
-
-BOOL_WORDS = ("true", "false", "yes", "no", "on", "off", "0", "1")
 
 
 def configure(defaults: dict, argv: list, rules=None, pair_rules=(), usage="", comments=None):
@@ -112,7 +93,8 @@ def configure(defaults: dict, argv: list, rules=None, pair_rules=(), usage="", c
             key, eq, raw = arg[2:].partition("=")
             if not eq and isinstance(defaults.get(key), bool):
                 word = argv[i + 1] if i + 1 < len(argv) else ""
-                if word.lower() in BOOL_WORDS:   # `--compile false` would turn compile on
+                # `--compile false` would turn compile on, and take `false` for a config file
+                if word.lower() in ("true", "false", "yes", "no", "on", "off", "0", "1"):
                     raise ConfigError(f"bad arguments '{arg} {word}': a bare {arg} means "
                                       f"{arg}=True; write {arg}={word.capitalize()}"
                                       .replace("=0", "=False").replace("=1", "=True"))
@@ -130,9 +112,8 @@ def configure(defaults: dict, argv: list, rules=None, pair_rules=(), usage="", c
     for path in files:
         for key, value in _run_file(path).items():
             config[key] = _check(key, value, defaults, f"in {path}")
-    for key, raw, arg in overrides:
-        _known(key, defaults, f"from {arg}")
-        config[key] = _check(key, _parse(key, raw, defaults[key]), defaults, f"from {arg}")
+    for key, raw, arg in overrides:   # an unknown key parses as for a None default, then fails
+        config[key] = _check(key, _parse(key, raw, defaults.get(key)), defaults, f"from {arg}")
     for key, (ok, allowed) in (rules or {}).items():
         if key in config and not ok(config[key]):
             raise ConfigError(f"{key}={config[key]!r} is out of range: it must be {allowed}")
@@ -169,19 +150,13 @@ def keep_freed_memory():
 def nearest_file(path):
     """"; did you mean 'config/shakespeare_char.py'?" for the .py file beside `path` closest to
     it, or ""."""
-    folder = os.path.dirname(path) or "."
+    folder = os.path.dirname(path)
     try:
-        names = [os.path.join(os.path.dirname(path), n) for n in os.listdir(folder)
-                 if n.endswith(".py")]
+        names = [os.path.join(folder, n) for n in os.listdir(folder or ".") if n.endswith(".py")]
     except OSError:
         return ""
     close = difflib.get_close_matches(path, names, n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
-
-
-def shown(value):
-    plain = isinstance(value, str) and value.isprintable() and value.strip() == value != ""
-    return value if plain else repr(value)
 
 
 def help_text(defaults, rules, usage, comments):
@@ -192,7 +167,9 @@ def help_text(defaults, rules, usage, comments):
     for k, v in defaults.items():
         text = " ".join(filter(None, (comments.get(k, ""), f"[{rules[k][1]}]" if k in rules
                                       else f"[{type(v).__name__}]")))
-        lines += textwrap.wrap(text, 99, initial_indent=f"  --{k}={shown(v)}".ljust(30) + " ",
+        plain = isinstance(v, str) and v.isprintable() and v.strip() == v != ""
+        shown = f"  --{k}={v if plain else repr(v)}"   # a str that would not read back: its repr
+        lines += textwrap.wrap(text, 99, initial_indent=shown.ljust(30) + " ",
                                subsequent_indent=" " * 31)
     return "\n".join(lines)
 
@@ -219,8 +196,7 @@ def key_comments(*paths):
             while not comment and k >= 0 and lines[k].startswith(m.group(1) + "#") \
                     and not lines[k].strip().startswith("# ----"):
                 k -= 1
-            above = [x.strip()[1:].strip() for x in lines[k + 1:i]] if k < i - 1 else []
-            out[m.group(2)] = " ".join(comment or above)
+            out[m.group(2)] = " ".join(comment or [x.strip()[1:].strip() for x in lines[k + 1:i]])
     return out
 
 
@@ -272,24 +248,17 @@ folder = (lambda v: v.strip() != "", "a folder name")
 device_name = (lambda v: DEVICE.fullmatch(v) is not None,
                "'' (pick one), 'cpu', 'cuda', 'cuda:N' or 'mps'")
 
-# sample.py's: temperature 0 is greedy decoding, top_k 0 keeps every token
-SAMPLE_RULES = {"out_dir": folder, "num_samples": at_least(1),
-                "max_new_tokens": at_least(1), "temperature": at_least(0), "top_k": at_least(0),
-                "device": device_name}
-
 
 def differing_configs(configs):
     """Under DDP every process must run one configuration (a config file that reads RANK would hang
     the job at max_iters or train silently wrong): the sentence that says which keys differ, or
     None. `configs`: the config of each process, by rank."""
-    first = configs[0]
-    differ = [k for k in first if any(c.get(k) != first[k] for c in configs)]
-    if not differ:
-        return None
-    by_rank = ", ".join(repr(c.get(differ[0])) for c in configs)
-    return (f"the {len(configs)} processes run different configurations ({', '.join(differ)}; "
-            f"{differ[0]}={by_rank} by rank): a config must not depend on the process; give all "
-            "the same one")
+    differ = [k for k in configs[0] if any(c.get(k) != configs[0][k] for c in configs)]
+    if differ:
+        by_rank = ", ".join(repr(c.get(differ[0])) for c in configs)
+        return (f"the {len(configs)} processes run different configurations ({', '.join(differ)}; "
+                f"{differ[0]}={by_rank} by rank): a config must not depend on the process; give "
+                "all the same one")
 
 
 def check_device(device):
@@ -298,12 +267,11 @@ def check_device(device):
     if DEVICE.fullmatch(device) is None:
         raise ConfigError(f"device={device!r} is out of range: it must be {device_name[1]}")
     import torch
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device={device!r} but this machine has no CUDA device torch can use: "
-                          "use --device=cpu (or leave it empty)")
+    available = {"cuda": torch.cuda.is_available, "mps": torch.backends.mps.is_available}
+    kind = device.partition(":")[0]
+    if kind in available and not available[kind]():
+        raise ConfigError(f"device={device!r} but this machine has no {kind.upper()} device torch "
+                          "can use: use --device=cpu (or leave it empty)")
     if device.startswith("cuda:") and int(device[5:]) >= torch.cuda.device_count():
         raise ConfigError(f"device={device!r} but this machine has {torch.cuda.device_count()} "
                           "CUDA device(s)")
-    if device == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError("device='mps' but this machine has no MPS device torch can use: "
-                          "use --device=cpu (or leave it empty)")

@@ -18,8 +18,8 @@ import torch
 
 import checkpoint
 import telemetry
-from configurator import (SAMPLE_RULES, ConfigError, check_device, configure, default_device,
-                          key_comments)
+from configurator import (ConfigError, at_least, check_device, configure, default_device,
+                          device_name, folder, key_comments)
 from dataset import dataset_dir, decode_stream, get_tokenizer, load_meta, meta_problem
 
 out_dir = "out"         # the run to sample from: its newest complete checkpoint
@@ -30,11 +30,14 @@ temperature = 0.8       # < 1 sharpens the distribution, > 1 flattens it; 0: gre
 top_k = 200             # keep only the k most likely tokens (0: all)
 seed = 1337             # fixes the samples
 device = ""             # "" picks cuda, then mps, then cpu
+# temperature 0 is greedy decoding, top_k 0 keeps every token
+RULES = {"out_dir": folder, "num_samples": at_least(1), "max_new_tokens": at_least(1),
+         "temperature": at_least(0), "top_k": at_least(0), "device": device_name}
 
 try:
     globals().update(configure({k: v for k, v in globals().items()
                                 if not k.startswith("_") and isinstance(v, (int, float, str))},
-                               sys.argv[1:], SAMPLE_RULES, usage=__doc__,
+                               sys.argv[1:], RULES, usage=__doc__,
                                comments=lambda: key_comments(__file__)))
     check_device(device)
 except ConfigError as e:
@@ -45,8 +48,7 @@ try:
 except checkpoint.CheckpointError as e:
     sys.exit(f"error: {e}")
 model.eval().to(device)
-# the vocabulary the run recorded; a checkpoint from before that record: its dataset's meta.json, if
-# it still fits
+# the run's recorded vocabulary; a checkpoint from before that record: its dataset's meta.json
 meta, source = ckpt.get("vocab"), f"{path}'s vocabulary"
 if meta is None:
     meta = load_meta(dataset_dir(str(ckpt["config"].get("dataset"))))
@@ -62,17 +64,16 @@ if meta["vocab_size"] != ckpt["model_args"].get("vocab_size"):
 encode, decode = get_tokenizer(meta)
 
 if start.startswith("FILE:"):   # at most what the model can see: a prompt of block_size tokens
-    limit = 128 * model.config.block_size   # bytes; no token is longer than 128 bytes
+    prompt, limit = start[5:], 128 * model.config.block_size   # bytes; no token is over 128
     try:
-        if not os.path.isfile(start[5:]) or os.path.getsize(start[5:]) > limit:
-            sys.exit(f"error: the prompt file {start[5:]!r} is not a regular file of at most "
+        if not os.path.isfile(prompt) or os.path.getsize(prompt) > limit:
+            sys.exit(f"error: the prompt file {prompt!r} is not a regular file of at most "
                      f"{limit:,} bytes (the model sees {model.config.block_size} tokens): give one")
-        with open(start[5:], encoding="utf-8") as f:
+        with open(prompt, encoding="utf-8") as f:
             start = f.read()
     except (OSError, UnicodeDecodeError) as e:
-        sys.exit(f"error: cannot read the prompt file {start[5:]!r} "
-                 f"({e.strerror if isinstance(e, OSError) else 'not UTF-8 text'}): "
-                 "give a UTF-8 text file")
+        why = e.strerror if isinstance(e, OSError) else "not UTF-8 text"
+        sys.exit(f"error: cannot read the prompt file {prompt!r} ({why}): give a UTF-8 text file")
 try:
     ids = encode(start)
 except KeyError as e:   # a character outside a char-level vocabulary
