@@ -1,13 +1,10 @@
 """
-What train.py logs of the scale vectors at every evaluation: each effective vector's size
-(vector_stats) and the paper's mechanism, measured (preconditioning: section 2.2, DESIGN.md
-"Preconditioning, measured"). An Input-Norm vector g adds no function, W (g * z) = W' z with the
-folded map W' = W diag(g), but it changes how W' trains: one step moves column j of W' by
-g_j^2 times what the folded model's own step would (SGD), by g_j times it under AdamW (which
-normalizes each entry's step), plus what the step of g itself adds.
-
-RunLog writes the records (out_dir/metrics.jsonl, and Weights & Biases when asked);
-read_metrics reads them back.
+What train.py logs of the scale vectors at every evaluation, in out_dir/metrics.jsonl (RunLog; and
+Weights & Biases when asked): each effective vector's size (vector_stats) and the paper's
+mechanism, measured (preconditioning: section 2.2, DESIGN.md "Preconditioning, measured"). An
+Input-Norm vector g adds no function, W (g * z) = W' z with W' = W diag(g), but it changes how W'
+trains: a step moves column j of W' by g_j^2 times what the folded model's own step would (SGD),
+by g_j times it under AdamW (which normalizes each entry's step), plus what the step of g adds.
 """
 import json
 import os
@@ -20,17 +17,13 @@ from model import REPARAMS, MoE, ScaledLinear, ScaleVector
 
 @torch.no_grad()
 def vector_stats(model):
-    """{name: [mean, min, max]} of every effective scale vector (after OR / ER), one entry per
-    row/branch."""
+    """{name: [mean, min, max]} of every effective scale vector (after OR / ER), per row/branch."""
     stats = {}
     for name, m in model.named_modules():
         if isinstance(m, ScaleVector):
             g = m().float()
             for i, row in enumerate(g):
-                if len(g) == 1:
-                    key = name
-                else:
-                    key = f"{name}.{m.names[i]}" if m.names else f"{name}.{i}"
+                key = name if len(g) == 1 else f"{name}.{m.names[i] if m.names else i}"
                 stats[key] = [row.mean().item(), row.min().item(), row.max().item()]
     return stats
 
@@ -61,11 +54,10 @@ def fed_maps(model):
 
 @torch.no_grad()
 def sgd_ratios(model, lr):
-    """Called between backward and the optimizer step: per map, per column j, what a plain SGD step
-    of `lr` on W and on g's raw parameters would move the folded column W'_j = g_j W_j by, over
-    what the folded model's own SGD step would, lr ||dL/dW'_j|| = lr ||dL/dW_j|| / g_j; the paper's
-    law says g_j^2 (the step of g adds the rest). {map: (blocks, d_in)}; a map without a vector or
-    a gradient is left out."""
+    """Between backward and the optimizer step: per map and column j, what a plain SGD step of `lr`
+    on W and on g's raw parameters would move the folded column W'_j = g_j W_j by, over the folded
+    model's own step, lr ||dL/dW_j|| / g_j (the paper: g_j^2, plus what the step of g adds).
+    {map: (blocks, d_in)}; a map without a vector or a gradient is left out."""
     out = {}
     for name, (m, sv) in fed_vectors(model).items():
         if sv is None or m.weight.grad is None:
@@ -86,14 +78,13 @@ def sgd_ratios(model, lr):
 
 @torch.no_grad()
 def preconditioning(model, before=None, sgd=None):
-    """Per map of fed_maps(model): the spread of g ([std, min, max, 10%, 50%, 90%]); the
+    """Per map of fed_maps(model): the spread of g ([std, min, max, 10%, 50%, 90%]) and the
     correlation over columns j of g_j with ||W[:, j]|| and with ||W'[:, j]||, W' = W diag(g). With
-    `before` (fed_maps() one optimizer step earlier): `update_exp`, the exponent p of
-    ||dW'[:, j]|| ~ g_j^p (a log-log fit); `adamw_exp`, the same exponent of ||dW'[:, j]|| over the
-    folded model's own step, ||dW[:, j]|| (Adam normalizes each entry, so a column's scale does not
-    change its step; prediction: 1); and `update_cv`, the spread of the column updates
-    (std / mean). With `sgd` (sgd_ratios() before that step): `sgd_exp`, the exponent of its ratio
-    (prediction: 2, the paper's g_j^2)."""
+    `before` (fed_maps() one optimizer step earlier), log-log fits of the column updates on g_j:
+    `update_exp`, the exponent p of ||dW'[:, j]|| ~ g_j^p; `adamw_exp`, that of ||dW'[:, j]|| over
+    the folded model's own step ||dW[:, j]|| (prediction: 1, Adam normalizes each entry); and
+    `update_cv`, their std / mean. With `sgd` (sgd_ratios() before that step): `sgd_exp`, the
+    exponent of its ratio (prediction: 2, the paper's g_j^2)."""
     out = {}
     for name, (W, g) in fed_maps(model).items():
         g = torch.ones(1, W.size(-1), device=W.device) if g is None else g
