@@ -1,8 +1,6 @@
-"""
-The prepared datasets, as every tool reads them (prepare_data.py writes them): data/NAME under the
-working directory, as in nanoGPT, holds meta.json (the tokenizer) and train.bin and val.bin,
-uint16 token ids. Bad input is one sentence (SystemExit) naming the file and what to do.
-"""
+"""The prepared datasets, as every tool reads them (prepare_data.py writes them): data/NAME under
+the working directory, as in nanoGPT, holds meta.json (the tokenizer) and train.bin and val.bin,
+uint16 token ids. Bad input is one sentence (SystemExit) naming the file and what to do."""
 import base64
 import functools
 import hashlib
@@ -80,8 +78,7 @@ def load_meta(data_dir):
 
 
 def meta_problem(meta):
-    """What is wrong with a meta.json or a checkpoint's vocabulary (words after its path), or
-    None."""
+    """What is wrong with a meta.json or a run's vocabulary (words after its path), or None."""
     missing = [k for k in ("tokenizer", "vocab_size")
                if not isinstance(meta, dict) or k not in meta]
     if missing:
@@ -109,9 +106,8 @@ def meta_problem(meta):
 
 
 def vocabulary(meta):
-    """What a run's token ids mean: recorded in its checkpoints, so that a resume on other data is
-    refused and sample.py and export_hf.py decode with the run's own vocabulary, not whatever
-    meta.json holds later."""
+    """What a run's token ids mean, recorded in its checkpoints: a resume on other data is refused,
+    sample.py and export_hf.py decode with the run's own vocabulary, not a later meta.json's."""
     return {"tokenizer": meta["tokenizer"], "vocab_size": meta["vocab_size"],
             **({"chars": meta["chars"]} if meta["tokenizer"] == "char" else {})}
 
@@ -132,11 +128,10 @@ def get_tokenizer(meta):
 
 
 def decode_stream(decode, ids):
-    """The text of token ids (an iterable: a model's samples as they come) in pieces, one per id,
-    whose concatenation is decode(all ids): what sample.py prints as it samples. A byte or GPT-2
-    token may end inside a UTF-8 character, which decodes to a trailing U+FFFD: that piece is held
-    back until the next ids complete it. UTF-8 resyncs, so the text before it never changes; once
-    the text ends on a whole character, decoding starts afresh (not from the sample's start)."""
+    """The text of token ids (a model's samples as they come) in pieces, one per id and a last one,
+    whose concatenation is decode(all ids): what sample.py prints. A character cut by a token
+    (a trailing U+FFFD) is held back until the next ids complete it; UTF-8 resyncs, so the text
+    before it never changes, and after a whole character decoding starts afresh."""
     pending, shown = [], ""   # the ids since the text last ended on a whole character
     for i in ids:
         pending.append(i)
