@@ -8,8 +8,7 @@ last and marks the set complete. A re-run with the same source and settings does
     python prepare_data.py shakespeare               # same text, GPT-2 BPE
     python prepare_data.py text --input book.txt --name book [--tokenizer gpt2|char|byte]
     python prepare_data.py fineweb_edu --num_tokens 1e8   # needs `pip install datasets` and network
-    # local shards, offline
-    python prepare_data.py fineweb_edu --data_files 'shards/*.parquet' --num_proc 32
+    python prepare_data.py fineweb_edu --data_files 'shards/*.parquet' --num_proc 32   # offline
     python prepare_data.py fineweb_edu --tokenizer byte   # UTF-8 bytes, vocab 257
 
 The text commands put the last --val_fraction (0.1) of the characters in val.bin.
@@ -45,8 +44,7 @@ SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2d
 MIN_SPLIT_TOKENS = 3
 FINEWEB = "HuggingFaceFW/fineweb-edu (sample-10BT, streaming)"
 
-# -----------------------------------------------------------------------------
-# writing token files
+# ---- writing token files ------------------------------------------------------------------------
 
 class Progress:
     """One self-overwriting line on stderr: 'tokenizing:  45% 450.0M/1.0G tokens 12.3M tokens/s'."""
@@ -168,8 +166,7 @@ def prepare_text(path, out_dir, name, tokenizer, val_fraction=0.1, expected_sha2
                 progress.update(len(chunk))
         progress.close()
 
-# -----------------------------------------------------------------------------
-# FineWeb-Edu
+# ---- FineWeb-Edu --------------------------------------------------------------------------------
 
 class DownloadError(Exception):
     pass
@@ -190,9 +187,7 @@ def documents(files, builder, text_field):
     load = ({"path": builder, "data_files": files} if files else
             {"path": "HuggingFaceFW/fineweb-edu", "name": "sample-10BT"})
     os.environ.setdefault("HF_HUB_VERBOSITY", "error")   # its retry warnings, before our sentence
-    if files:
-        # a compute node without internet fails fast instead of waiting on timeouts (effective
-        # only if `datasets` is not imported yet)
+    if files:   # offline: fail fast, not after timeouts (works only before `datasets` is imported)
         os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     try:
         import datasets
@@ -205,17 +200,16 @@ def documents(files, builder, text_field):
         n = 0
         try:
             stream = datasets.load_dataset(**load, split="train", streaming=True)
-            # streaming: shard by shard, no Arrow copy of the whole set in the cache; in batches of
-            # rows, which reads ~25x faster than row by row, and one message per batch to and from
-            # a worker: the parent, which feeds them all, is not the bottleneck of many cores
+            # streaming: shard by shard, no Arrow copy of the whole set; in batches of rows (~25x
+            # faster than row by row), one message each to and from a worker: the parent keeps up
             for rows in stream.iter(batch_size=1024):
                 docs = rows[text_field]
-                bad = [i for i, doc in enumerate(docs) if not isinstance(doc, str)]
-                if bad:   # checked here, in the parent, so that the message has its index
-                    doc = docs[bad[0]]
+                # checked here, in the parent, so that the message has its index
+                bad = next((i for i, doc in enumerate(docs) if not isinstance(doc, str)), None)
+                if bad is not None:
                     raise DownloadError(
-                        f"error: document {n + bad[0]:,} of the source is {type(doc).__name__} "
-                        f"{str(doc)[:40]!r}, not text (a null, missing or numeric field in a "
+                        f"error: document {n + bad:,} of the source is {type(docs[bad]).__name__} "
+                        f"{str(docs[bad])[:40]!r}, not text (a null, missing or numeric field in a "
                         "row?): fix or drop that row (nothing was written)")
                 n += len(docs)
                 yield docs
@@ -270,37 +264,32 @@ def prepare_fineweb(out_dir, name, num_tokens, val_tokens=None, processes=None, 
     encode = functools.partial(encode_batch, tokenizer=tokenizer)   # picklable for the workers
     meta = {"name": name, **recipe, "dtype": "uint16",
             "vocab_size": BYTE_VOCAB if tokenizer == "byte" else EOT + 1}
-    try:
-        with staged_set(out_dir, meta) as (train_f, val_f), mp.Pool(processes) as pool:
-            for ids, lengths, doc_shas in pool.imap(encode, batches):
-                ids = ids[:num_tokens - written]
-                # documents that start within the budget
-                used = int(np.sum(np.cumsum(lengths) - lengths < len(ids)))
-                # the same digest as one update per document used
-                fingerprint.update(doc_shas[:32 * used])
-                n_val = min(len(ids), max(val_tokens - written, 0))
-                val_f.write(ids[:n_val].tobytes())
-                train_f.write(ids[n_val:].tobytes())
-                written += len(ids)
-                progress.update(len(ids))
-                if written >= num_tokens:
-                    break  # leaving the Pool block terminates the workers
-            progress.close()   # too few for val and train: staged_set says so
-            if written < num_tokens:
-                print(f"note: the documents ran out at {written:,} of the {num_tokens:,} tokens "
-                      "asked for")
-            meta.update(train_tokens=written - val_tokens, source_sha256=fingerprint.hexdigest())
-    except DownloadError as e:
-        raise SystemExit(str(e)) from None
+    with staged_set(out_dir, meta) as (train_f, val_f), mp.Pool(processes) as pool:
+        for ids, lengths, doc_shas in pool.imap(encode, batches):
+            ids = ids[:num_tokens - written]
+            # the documents that start within the budget: the same digest as one update per document
+            used = int(np.sum(np.cumsum(lengths) - lengths < len(ids)))
+            fingerprint.update(doc_shas[:32 * used])
+            n_val = min(len(ids), max(val_tokens - written, 0))
+            val_f.write(ids[:n_val].tobytes())
+            train_f.write(ids[n_val:].tobytes())
+            written += len(ids)
+            progress.update(len(ids))
+            if written >= num_tokens:
+                break  # leaving the Pool block terminates the workers
+        progress.close()   # too few for val and train: staged_set says so
+        if written < num_tokens:
+            print(f"note: the documents ran out at {written:,} of the {num_tokens:,} tokens")
+        meta.update(train_tokens=written - val_tokens, source_sha256=fingerprint.hexdigest())
 
-# -----------------------------------------------------------------------------
+# ---- the command line ---------------------------------------------------------------------------
 
 def count(text):
     """A whole number >= 1, also written as 1e9: --num_tokens, --val_tokens, --num_proc."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        value = math.nan
     if not (math.isfinite(value) and value >= 1 and value == int(value)):
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
     return int(value)
@@ -340,8 +329,7 @@ def main(argv=None):
     args = p.parse_args(argv)
 
     name = getattr(args, "name", args.command)
-    # where train.py looks; a name that is not one folder's (train.py's --dataset) is one sentence
-    out_dir = dataset_dir(name)
+    out_dir = dataset_dir(name)   # where train.py looks; a name not one folder's is one sentence
     out_dir = Path(args.out_dir) if args.out_dir else out_dir
     try:
         if args.command == "fineweb_edu":
@@ -349,6 +337,8 @@ def main(argv=None):
                             args.data_files, args.text_field, args.tokenizer)
         else:
             prepare_text(args.input, out_dir, name, args.tokenizer, args.val_fraction, args.sha256)
+    except DownloadError as e:   # raised where the pool reads the documents
+        raise SystemExit(str(e)) from None
     # a full disk, a read-only folder, an --out_dir that is a file: the .tmp files are gone, an
     # earlier complete set stays
     except OSError as e:
