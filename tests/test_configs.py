@@ -1,7 +1,7 @@
-"""Every config in config/ builds, as train.py reads it: a model and the optimizers' parameter
-groups on the meta device (no memory, no initialization), with the parameter counts below; a new
-config is covered without a test edit (and fails until it has its row). The 124M configs train
-as a node runs them (the dense one compiled; in bf16 where the CPU has it), on a CPU, and resume."""
+"""Every config in config/ builds, as train.py reads it, a model and the optimizers' parameter
+groups of the size below (on the meta device); a new config fails until it has its row. The 124M
+configs train as a node runs them (the dense one compiled; in bf16 where the CPU has it), on a CPU,
+and resume."""
 import math
 import os
 import subprocess
@@ -38,15 +38,9 @@ SIZES = {
         f"gemma_{p}_124m": 123_607_296 for p in ("none", "iwd", "all")},
     "moe_baseline_char": (1_256_704, 863_488), "moe_baseline_124m": (162_589_440, 98_888_448),
     "moe_unified_char": (1_269_613, 872_269), "moe_unified_124m": (162_884_869, 99_017_701)}
-
-
-def vocab_size(dataset):
-    """What prepare_data.py writes in the dataset's meta.json: Tiny Shakespeare's characters, or
-    GPT-2's BPE."""
-    if dataset == "shakespeare_char":
-        return len(set(prepare_data.SHAKESPEARE.read_text(encoding="utf-8")))
-    assert dataset in ("shakespeare", "fineweb_edu"), f"a config reads {dataset!r}: add it here"
-    return prepare_data.EOT + 1
+# the vocab_size prepare_data.py writes in each dataset's meta.json a config reads
+VOCAB = {"shakespeare_char": len(set(prepare_data.SHAKESPEARE.read_text(encoding="utf-8"))),
+         "shakespeare": prepare_data.EOT + 1, "fineweb_edu": prepare_data.EOT + 1}
 
 
 def test_every_config_has_its_size_and_every_size_a_config():
@@ -58,7 +52,7 @@ def test_config_builds_a_model_and_optimizers_of_its_size(name):
     cfg = train_config(f"config/{name}.py")
     model_args = {f.name: cfg[f.name] for f in fields(GPTConfig) if f.name != "vocab_size"}
     with torch.device("meta"):
-        model = GPT(GPTConfig(**model_args, vocab_size=vocab_size(cfg["dataset"])))
+        model = GPT(GPTConfig(**model_args, vocab_size=VOCAB[cfg["dataset"]]))
     size = SIZES[name] if isinstance(SIZES[name], tuple) else (SIZES[name],) * 2
     assert (model.num_params(), model.num_active_params()) == size
     # the optimizers as train.py builds them (not fused: meta tensors have no fused kernel)
@@ -77,38 +71,31 @@ def bpe_workdir(tmp_path_factory):
     return wd
 
 
-# The MoE config at 2 of its 12 layers, eager: on a CPU its experts run the loop of
-# MoE.run_experts, whose split by expert (counts.tolist()) breaks the graph and recompiles on each
-# new count pattern (569 s for this test's two runs at 2 layers, compiled, on 2 busy cores); a
-# node runs the grouped GEMM, which does not. The compiled MoE against eager is gpu_check.py's
-# line 2. The dense config at 2 of its 12 layers too: inductor's cold compile of 12 layers took 188
-# of a 13-minute suite on 2 idle cores; the 12 are built, and sized, on the meta device above.
+# Both at 2 of their 12 layers (all 12 are built and sized on the meta device above): inductor's
+# cold compile of 12 took 188 s of a 13-minute suite on 2 idle cores. The MoE eager: on a CPU its
+# experts run MoE.run_experts' loop, whose split by expert recompiles on each new count pattern
+# (569 s for the two runs, compiled, on 2 busy cores); the compiled MoE is gpu_check.py's line 2.
 @pytest.mark.slow
-@pytest.mark.parametrize("name, n_layer, compiled", [("unified_124m", 2, True),
-                                                      ("moe_unified_124m", 2, False)])
-def test_a_124m_config_trains_on_cpu_as_a_node_runs_it_and_resumes(name, n_layer, compiled,
-                                                                    bpe_workdir):
-    """The config as a node runs it (768 wide, compiled, its optimizer and schedule), in bf16
-    autocast where the CPU has bf16 in hardware (float32 where it is emulated, 3-5x slower: see
-    gpu_check.rehearsal_dtype), with only the micro-batch, block, iteration counts, dataset (and
-    the MoE's depth and compile) made small: 2 steps, a checkpoint, a resume to step 3. No
-    whole-split evaluation at the end: 2 x 36,059 tokens of eager 124M forwards, 10 minutes."""
+@pytest.mark.parametrize("name, compiled", [("unified_124m", True), ("moe_unified_124m", False)])
+def test_a_124m_config_trains_on_cpu_as_a_node_runs_it_and_resumes(name, compiled, bpe_workdir):
+    """768 wide, its optimizer and schedule, in bf16 autocast where the CPU has bf16 in hardware
+    (gpu_check.rehearsal_dtype); only the micro-batch, block, steps, dataset and depth made small:
+    2 steps, a checkpoint, a resume to step 3. No whole-split evaluation at the end: 2 x 36,059
+    tokens of eager 124M forwards, 10 minutes."""
     dtype = gpu_check.rehearsal_dtype()
-    config = os.path.join(ROOT, "config", f"{name}.py")
-    cmd = [sys.executable, os.path.join(ROOT, "train.py"), config,
+    cmd = [sys.executable, os.path.join(ROOT, "train.py"), os.path.join(ROOT, f"config/{name}.py"),
            "--dataset=shakespeare", "--batch_size=1", "--block_size=32",
            "--gradient_accumulation_steps=2", "--eval_interval=2", "--eval_iters=1",
            "--log_interval=1", "--device=cpu", f"--dtype={dtype}", f"--out_dir={name}",
-           f"--n_layer={n_layer}", f"--compile={compiled}", "--final_eval=False"]
+           "--n_layer=2", f"--compile={compiled}", "--final_eval=False"]
     for steps, init in ((2, "scratch"), (3, "resume")):
         p = subprocess.run([*cmd, f"--max_iters={steps}", f"--init_from={init}"], cwd=bpe_workdir,
                            env=ENV, capture_output=True, text=True, timeout=1500)
         assert p.returncode == 0, p.stdout + p.stderr[-3000:]
     assert f") in {dtype};" in p.stdout and "at iteration 2" in p.stdout, p.stdout
-    state = torch.load(bpe_workdir / name / "ckpt_0000003.pt", weights_only=True)
-    run = state["config"]
-    shape = (run["n_layer"], run["n_embd"], run["block_size"])
-    assert run["compile"] == compiled and shape == (n_layer, 768, 32)
+    run = torch.load(bpe_workdir / name / "ckpt_0000003.pt", weights_only=True)["config"]
+    shape = (run["compile"], run["n_layer"], run["n_embd"], run["block_size"])
+    assert shape == (compiled, 2, 768, 32)
     records, _ = telemetry.read_metrics(bpe_workdir / name / "metrics.jsonl")
     train = [r for r in records if r["kind"] == "train"]
     assert [r["iter"] for r in train] == [1, 2, 3] and all(math.isfinite(r["loss"]) for r in train)
