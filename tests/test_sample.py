@@ -1,7 +1,5 @@
-"""sample.py: each sample streamed token by token (model.GPT.generate_tokens, dataset.decode_stream)
-is the text generate gives for the same seed; the header says which evaluation the weights had
-(telemetry.describe), true after an interrupted run too; bad input is one sentence, and Ctrl-C or
-a closed pipe ends it quietly."""
+"""sample.py: the streamed text is generate's for the same seed; the header says which evaluation
+the weights had; bad input is one sentence; Ctrl-C or a closed pipe ends it quietly."""
 import json
 import os
 import shutil
@@ -46,11 +44,15 @@ def cuts(decode, ids):
     return held
 
 
-@pytest.mark.parametrize("meta, n", [(BYTE, 60), (GPT2, 20)], ids=["byte", "gpt2"])
-def test_the_streamed_text_is_the_sample_of_the_same_seed(meta, n):
+@pytest.mark.parametrize("meta, n, texts", [
+    (BYTE, 60, ["h\u00e9 \u20ac\U0001f600!", b"\xffA\xe2\x82"]),   # an invalid byte; a cut end
+    (GPT2, 20, ["\u2019 caf\u00e9 \u6f22\u5b57 \U0001f600"])], ids=["byte", "gpt2"])
+def test_the_streamed_text_is_the_sample_of_the_same_seed_cut_characters_whole(meta, n, texts):
     """A random model emits any ids, so bytes and BPE pieces that end inside a UTF-8 character: no
     printed piece may end in one (it would show as U+FFFD), and together they are the text."""
     encode, decode = get_tokenizer(meta)
+    for text in texts:
+        assert cuts(decode, list(text) if isinstance(text, bytes) else encode(text)) >= 3
     model, prompt = make(vocab_size=meta["vocab_size"]).eval(), encode("Caf\u00e9 \U0001f600:")
     held = 0
     for seed in range(2):
@@ -62,37 +64,23 @@ def test_the_streamed_text_is_the_sample_of_the_same_seed(meta, n):
     assert held >= 2   # some ids did cut a character (the prompt's emoji for GPT-2's BPE)
 
 
-@pytest.mark.parametrize("meta, text", [
-    (BYTE, "h\u00e9 \u20ac\U0001f600!"), (GPT2, "\u2019 caf\u00e9 \u6f22\u5b57 \U0001f600"),
-    (BYTE, b"\xffA\xe2\x82")])   # an invalid byte, printed once the text moves on; a cut end
-def test_a_character_cut_by_a_token_is_printed_whole_once_complete(meta, text):
-    encode, decode = get_tokenizer(meta)
-    assert cuts(decode, list(text) if isinstance(text, bytes) else encode(text)) >= 3
-
-
 # ---- the header: which evaluation the weights had ------------------------------------------------
-
-def run_folder(tmp_path, evals, iter_num, best):
-    """A run folder as train.py leaves it: metrics.jsonl with train and eval records, a checkpoint
-    at iter_num."""
-    lines = [{"kind": "eval", "iter": i, "val_loss": v, "train_loss": v} for i, v in evals]
-    lines += [{"kind": "train", "iter": i, "loss": 3.0} for i in range(1, iter_num + 5)]
-    lines.sort(key=lambda r: r["iter"])
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    state = {"model": {}, "optimizers": [], "model_args": {}, "config": {}, "iter_num": iter_num,
-             "best_val_loss": best}
-    return telemetry.describe(str(checkpoint.save(tmp_path, state, iter_num)), state)
-
 
 def test_the_header_gives_the_val_loss_of_the_checkpoints_own_evaluation(tmp_path):
     """Not best_val_loss, which may be an earlier evaluation's; a checkpoint copied alone says
     only what it knows. (After a stop signal between evaluations: the slow test below.)"""
-    line = run_folder(tmp_path, [(0, 4.17), (250, 1.9), (500, 1.95), (750, 1.5)], 500, 1.9)
+    lines = [{"kind": "eval", "iter": i, "val_loss": v, "train_loss": v}
+             for i, v in [(0, 4.17), (250, 1.9), (500, 1.95), (750, 1.5)]]
+    lines += [{"kind": "train", "iter": i, "loss": 3.0} for i in range(1, 505)]
+    lines.sort(key=lambda r: r["iter"])   # as train.py leaves them
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    state = {"model": {}, "optimizers": [], "model_args": {}, "config": {}, "iter_num": 500,
+             "best_val_loss": 1.9}
+    path = str(checkpoint.save(tmp_path, state, 500))
+    line = telemetry.describe(path, state)
     assert line.endswith("ckpt_0000500.pt (iteration 500, val loss 1.9500, best 1.9000)"), line
     os.remove(tmp_path / "metrics.jsonl")
-    line = telemetry.describe(str(tmp_path / "ckpt_0000500.pt"), {"iter_num": 500,
-                                                                 "best_val_loss": 1.9})
+    line = telemetry.describe(path, state)
     assert line.endswith("(iteration 500, best val loss 1.9000 of the evaluations up to it)"), line
 
 
