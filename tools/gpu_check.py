@@ -92,7 +92,10 @@ def rehearsal_dtype():
     import torch
     native = [getattr(torch.cpu, f"_is_{k}_supported", lambda: False)()
               for k in ("avx512_bf16", "amx_tile")]
-    return "bfloat16" if any(native) else "float32"
+    # ATEN_CPU_CAPABILITY=avx2 keeps ATen's kernels off AVX512: its bf16 matmuls then raise
+    # ("pack_vnni2 is only supported when avx512 is supported")
+    wide = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    return "bfloat16" if any(native) and wide else "float32"
 
 
 def settings_for(device):
