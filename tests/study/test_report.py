@@ -1,6 +1,5 @@
-"""study/report.py on made-up numbers: the paired statistics (sign-flip p, t-interval, the claim
-rule), tuned pairs, the grids' reports (compute factor, DNP's split, telemetry, decay) and the
-wall-clock efficiency of BENCHMARKS.md. The committed grids' summaries: test_reproduce."""
+"""study/report.py on made-up numbers: paired statistics, the claim rule, tuned pairs, the grids'
+reports, time to a loss. The committed grids' summaries: test_reproduce.py."""
 import statistics
 
 import pytest
@@ -16,11 +15,8 @@ def fake(val, seed=1, **more):
 
 
 def test_the_paired_table_sign_flip_p_t_interval_and_whole_split():
-    """Exact sign-flip p: the share of the 2^n sign patterns as extreme; the 95% t-interval, t975
-    from the table to 30 degrees of freedom, then within 2e-4 (issue 40: 12 seeds took the
-    table's last entry, 1.2% too wide); agree: seeds of the claimed sign; the whole val split
-    where both runs have it; a row that never ran is not listed (issue 32)."""
-    assert report.sign_flip_p([0.1, 0.2, 0.1, 0.3, 0.2, 0.1]) == 2 / 64
+    """t975: the table to 30 degrees of freedom, then within 2e-4 (issue 40: 12 seeds took its last
+    entry, 1.2% too wide); the whole val split where both have it; a row never run is not listed"""
     assert report.sign_flip_p([3.0, 1.0, 1.0]) == 2 / 8   # |sum| >= 5: (+,+,+) and (-,-,-)
     assert report.sign_flip_p([1.0, -1.0]) == 1.0 and report.sign_flip_p([0.5]) is None
     assert [report.t975(n) for n in (3, 11, 30)] == [3.182, 2.201, 2.042]
@@ -41,9 +37,8 @@ def test_the_paired_table_sign_flip_p_t_interval_and_whole_split():
 
 
 def test_a_claim_needs_6_seeds_and_the_interval_and_p_to_agree():
-    """Issue 40: under 6 seeds p >= 2/32, no direction; 6 of one sign: p = 2/64 and the interval
-    excludes 0: holds (or opposite); an interval that excludes 0 with p >= 0.05 is no result, nor
-    is a mean 2.5 standard errors from 0 whose interval covers 0 (ER once read "beyond noise")."""
+    """Issue 40: under 6 seeds p >= 2/32; an interval excluding 0 with p >= 0.05 is no result, nor
+    a mean 2.5 standard errors from 0 whose interval covers it (ER once read "beyond noise")."""
     five = [-0.01, -0.012, -0.011, -0.009, -0.013]
     assert report.claim_verdict(five, -1) == "not resolved (n too small for p < 0.05)"
     six = five + [-0.01]
@@ -57,9 +52,8 @@ def test_a_claim_needs_6_seeds_and_the_interval_and_p_to_agree():
 
 
 def test_the_tuned_pairs_leave_out_the_seeds_that_picked_the_rates():
-    """The tuned grid (issue 40): each family's rate is picked by its mean over TUNE_SEEDS, only
-    the other seeds pair; the lr grid's tuned rows leave out seed 1, which picked (issue 33); an
-    added row is summarized, not a crash (issue 20.9)."""
+    """Issue 40: rates picked over TUNE_SEEDS; the lr grid's tuned rows leave out seed 1, which
+    picked (issue 33); an added row is summarized, not a crash (issue 20.9)."""
     results = {}
     for lr in grids.TUNE_LRS:
         for family, best in (("baseline", "1e-3"), ("noscale", "2e-3")):
@@ -83,17 +77,15 @@ def test_the_tuned_pairs_leave_out_the_seeds_that_picked_the_rates():
         {**lr, "x": {1: fake(1)}})[0][-1]
 
 
-def precond(g_std, exp):
-    return [[0, {"head": {"g": [0.0, 1, 1, 1, 1, 1], "corr_wg": None, "update_exp": 9.0,
-                          "adamw_exp": 9.0, "sgd_exp": 9.0, "update_cv": 0.1}}],
-            [10, {"head": {"g": [g_std, 0.8, 1.2, 0.9, 1, 1.1], "corr_wg": 0.5,
-                           "update_exp": exp, "adamw_exp": exp, "sgd_exp": 2 * exp,
-                           "update_cv": 0.2}}]]
-
-
 def test_the_dnp_split_adds_up_with_p_values_and_the_telemetry_is_read(tmp_path):
     """total = Norm part (control - baseline) + vector part (variant - control), over the seeds
     all three have; the preconditioning exponents over seeds, read only where g has spread."""
+    def precond(g_std, exp):   # telemetry at iteration 0 (g without spread) and 10
+        return [[0, {"head": {"g": [0.0, 1, 1, 1, 1, 1], "corr_wg": None, "update_exp": 9.0,
+                              "adamw_exp": 9.0, "sgd_exp": 9.0, "update_cv": 0.1}}],
+                [10, {"head": {"g": [g_std, 0.8, 1.2, 0.9, 1, 1.1], "corr_wg": 0.5,
+                               "update_exp": exp, "adamw_exp": exp, "sgd_exp": 2 * exp,
+                               "update_cv": 0.2}}]]
     results = {name: {s: fake(base + 0.001 * s, s, preconditioning=precond(
         0.02, 1.0 + 0.1 * (name == "dnp") + 0.01 * s)) for s in range(1, 7)}
         for name, base in (("baseline", 2.0), ("dnp", 1.95), ("dnp_novec", 1.96),
@@ -139,8 +131,7 @@ def test_the_decay_reports_give_g_per_kind_and_what_decay_alone_makes_of_it():
 
 
 def test_the_budget_fit_recovers_a_power_law_and_inverts_it():
-    """The compute factor's L(C) = E + A C^-alpha (its values on the committed scaling runs:
-    test_reproduce)."""
+    """The compute factor's L(C) = E + A C^-alpha (on the committed runs: test_reproduce.py)."""
     E, A, alpha = 1.5, 0.3, 0.7
     fit = report.fit_budget([0.5, 1, 1.5, 2], [E + A * c ** -alpha for c in (0.5, 1, 1.5, 2)])
     assert fit == pytest.approx((E, A, alpha), abs=0.01)   # alpha on a grid of step 0.01
