@@ -51,13 +51,11 @@ def test_a_command_of_the_docs_exists_with_the_keys_it_passes(monkeypatch, capsy
 
 def test_the_study_readme_grid_commands_work_on_a_fresh_clone_as_written(monkeypatch, capsys,
                                                                           tmp_path):
-    """Issue 31.13: on a fresh clone `--grid=lr --dry_run` exited 1 (committed results are of other
-    code than any checkout's), as did a real run. Each study.reproduce line of study/README.md but
-    another --dataset's plans (--dry_run) and would not be refused, where a fresh clone stands
-    after the quick start (study/, config/ linked in a tmp folder; shakespeare_char prepared)."""
+    """Issue 31.13: `--grid=lr --dry_run` exited 1 there (committed results are of other code than
+    any checkout's). Each line but another --dataset's plans; a real run would not be refused."""
     import prepare_data
     from study import reproduce
-    for name in ("study", "config"):
+    for name in ("study", "config"):   # a fresh clone after the quick start
         os.symlink(os.path.join(ROOT, name), tmp_path / name)
     monkeypatch.chdir(tmp_path)
     prepare_data.main(["shakespeare_char"])

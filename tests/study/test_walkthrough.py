@@ -1,7 +1,5 @@
-"""study/walkthrough.py as a plain script, on a small model of data/tiny, shows what it says (its
-progress as it trains; the folded model's logits are the baseline's; one SGD step on W moves the
-folded map's columns by g_i^2 times the folded model's own step; unified cannot fold) and writes
-its four figures into the folder it is given, nowhere else."""
+"""study/walkthrough.py as a script, on a small model of data/tiny: its progress as it trains, the
+fold, the g_i^2 step, unified's refusal to fold, and four figures in its folder, nowhere else."""
 import os
 import re
 import subprocess
