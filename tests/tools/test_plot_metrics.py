@@ -36,8 +36,9 @@ def test_runs_show_the_gap_the_last_half_labelled_lines_and_markers_on_few_point
         [500, 750, 1000], [500, 1000], []]
     assert [line.get_marker() for line in panels["loss"].lines] == ["None", "o", "None", "o",
                                                                    "o", "o"]
-    for bar in (ax for ax in figures[0].axes if ax.get_label() == "<colorbar>"):
-        assert bar.get_ylabel() == "layer" and list(bar.get_yticks()) == [0, 1]   # the colour
+    bars = [ax for ax in figures[0].axes if ax.get_label() == "<colorbar>"]   # the colour: layer
+    assert len(bars) == 3 and all(
+        bar.get_ylabel() == "layer" and list(bar.get_yticks()) == [0, 1] for bar in bars)
     for ax in (panels.pop(f"{name}: 3 scale vectors") for name in "abc"):
         assert [line.get_label() for line in ax.lines] == list(SV)   # the dash: legend
         assert [t.get_text() for t in ax.get_legend().get_texts()] == ["attn.qkv.g_in", "g_final"]
