@@ -175,10 +175,9 @@ def help_text(defaults, rules, usage, comments):
 
 
 def key_comments(*paths):
-    """{name: its comment} for the assignments in the source files `paths` (config/defaults.py,
-    model.py's GPTConfig, a script's own keys): the comment after `name = value` or
-    `name: type = value` and the comment lines that continue it, or else the comment lines just
-    above it. The first file that has a name wins."""
+    """{name: its comment} for each `name = value` or `name: type = value` of the source files
+    `paths` (the first file with the name wins): the comment after it and the comment lines that
+    continue it, or else the comment lines just above it."""
     out = {}
     for path in paths:
         with open(path, encoding="utf-8") as f:
