@@ -3,10 +3,10 @@ can act inside the unified strategy, and how far DNP's Norm reaches over the sha
 import pytest
 import torch
 
-from helpers import MOE, make, randomize_scale_vectors, tokens
+from helpers import MOE, VARIANTS, make, randomize_scale_vectors, tokens
 from model import ScaledLinear
 
-UNIFIED = dict(sv_hetero=True, sv_placement="dnp", sv_reparam="or")
+UNIFIED = VARIANTS["unified"]   # config/variants.py's, without train.py's sv_weight_decay
 
 
 def logits_and_matrix_grads(model):
