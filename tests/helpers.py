@@ -1,10 +1,14 @@
 """What test modules share (they import it from here, never from each other): ROOT, the tiny
-config, model.VARIANTS as models, the decay rule, a Llama forward, train.py in a subprocess."""
+config, config/variants.py's VARIANTS as models, the models each table entry is built as, the
+decay rule, a Llama forward, train.py in a subprocess."""
 import json
 import math
 import os
+import re
+import shlex
 import subprocess
 import sys
+from dataclasses import fields
 
 import torch
 
@@ -37,6 +41,63 @@ def make(seed=0, **kw):
     """A tiny GPT (TINY, overridden by kw) from `seed`; GPTConfig read per call: tests patch it."""
     torch.manual_seed(seed)
     return model_py.GPT(model_py.GPTConfig(**{**TINY, **kw}))
+
+
+# ---- the variant tables walked: every entry, built with every other flag (test_variant_tables,
+# tools/test_export_hf)
+
+def defaults():
+    return {f.name: f.default for f in fields(model_py.GPTConfig)}
+
+
+def flag_values(flag):
+    """The values model.VECTOR_FLAGS lists for a flag, its default first."""
+    values, default = list(model_py.VECTOR_FLAGS[flag].values), defaults()[flag]
+    return [default] + [v for v in values if v != default]
+
+
+def accepted(kw):
+    try:
+        model_py.GPTConfig(**{**TINY, **kw})
+        return True
+    except ValueError:
+        return False
+
+
+def models(reparam, placement):
+    """(label, flags) of the tiny models built for one entry of REPARAMS x PLACEMENTS: the entry
+    alone (head tied, then untied); with each value of every other flag of model.VECTOR_FLAGS
+    alone, so that a flag is built where it folds and exports too; with all of them on at once;
+    and as an MoE, alone and with all on. Each where GPTConfig takes it."""
+    others = [f for f in model_py.VECTOR_FLAGS if f not in ("sv_reparam", "sv_placement")]
+    entry = dict(sv_reparam=reparam, sv_placement=placement)
+    combos = [{}, dict(tie_embeddings=False)]
+    combos += [{f: v} for f in others for v in flag_values(f)[1:]]
+    for moe in (False, True):
+        every = dict(MOE, moe_dense_layers=1) if moe else {}
+        for i in range(max(map(len, map(flag_values, others)))):   # each flag's i-th value
+            for f in others:
+                value = flag_values(f)[min(i, len(flag_values(f)) - 1)]
+                every.update({f: value} if accepted({**entry, **every, f: value}) else {})
+        combos += [every] + ([dict(MOE, moe_dense_layers=1)] if moe else [])
+    out = []
+    for kw in (dict(entry, **c) for c in combos if accepted(dict(entry, **c))):
+        on = ", ".join(f"{f}={kw[f]!r}" for f in kw if f in others or f == "tie_embeddings"
+                       if kw[f] != defaults()[f])
+        moe = " MoE" if "n_experts" in kw else ""
+        if kw not in [k for _, k in out]:
+            out.append((f"reparam={reparam!r} placement={placement!r}{moe} "
+                        f"{on or 'other flags at default'}", kw))
+    return out
+
+
+def entries():
+    return [(r, p) for r in model_py.REPARAMS for p in model_py.PLACEMENTS]
+
+
+def vectors(model):
+    return {n: m for n, m in model.named_modules()
+            if isinstance(m, model_py.ScaleVector)}
 
 
 def tokens(B=3, T=16, seed=1):
@@ -133,3 +194,14 @@ def records(wd, out_dir, kind):
 def final_state(wd, out_dir):
     with open(wd / out_dir / "latest") as f:
         return torch.load(wd / out_dir / f.read().strip(), weights_only=True)
+
+
+# the docs' commands (test_docs.py, study/test_reproduce.py)
+
+def commands(doc):
+    """The python / torchrun command lines of the doc's code blocks, continuations joined."""
+    with open(os.path.join(ROOT, doc), encoding="utf-8") as f:   # split at the fence lines
+        code = re.split(r"^```.*\n?", f.read(), flags=re.M)[1::2]
+    lines = "".join(code).replace("\\\n", " ").splitlines()
+    return [w for w in map(lambda l: shlex.split(l, comments=True), lines)
+            if w and w[0] in ("python", "torchrun")]

@@ -9,7 +9,6 @@ the checks catch the three silent mistakes of issue 32."""
 import ast
 import copy
 import itertools
-import math
 import os
 import re
 from dataclasses import dataclass, fields
@@ -21,14 +20,13 @@ import torch.nn.functional as F
 
 import configurator
 from config import defaults as config_defaults
-from tools import export_hf
 import model as model_py
-from helpers import (MOE, ROOT, TINY, declared_class, expected_decay, llama_forward, make,
-                     model_flags, randomize_scale_vectors, tokens)
+from helpers import (ROOT, TINY, accepted, declared_class, defaults, entries, expected_decay,
+                     flag_values, make, model_flags, models,
+                     randomize_scale_vectors, tokens, vectors)
 from model import AFTER_NORM, ScaleVector
 from config.variants import VARIANTS, flags_of, named_flags, variant_of
 from config.defaults import train_config
-from study.grids import GRIDS
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -39,59 +37,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def defaults():
-    return {f.name: f.default for f in fields(model_py.GPTConfig)}
-
-
-def flag_values(flag):
-    """The values model.VECTOR_FLAGS lists for a flag, its default first."""
-    values, default = list(model_py.VECTOR_FLAGS[flag].values), defaults()[flag]
-    return [default] + [v for v in values if v != default]
-
-
-def accepted(kw):
-    try:
-        model_py.GPTConfig(**{**TINY, **kw})
-        return True
-    except ValueError:
-        return False
-
-
-def models(reparam, placement):
-    """(label, flags) of the tiny models built for one entry of REPARAMS x PLACEMENTS: the entry
-    alone (head tied, then untied); with each value of every other flag of model.VECTOR_FLAGS
-    alone, so that a flag is built where it folds and exports too; with all of them on at once;
-    and as an MoE, alone and with all on. Each where GPTConfig takes it."""
-    others = [f for f in model_py.VECTOR_FLAGS if f not in ("sv_reparam", "sv_placement")]
-    entry = dict(sv_reparam=reparam, sv_placement=placement)
-    combos = [{}, dict(tie_embeddings=False)]
-    combos += [{f: v} for f in others for v in flag_values(f)[1:]]
-    for moe in (False, True):
-        every = dict(MOE, moe_dense_layers=1) if moe else {}
-        for i in range(max(map(len, map(flag_values, others)))):   # each flag's i-th value
-            for f in others:
-                value = flag_values(f)[min(i, len(flag_values(f)) - 1)]
-                every.update({f: value} if accepted({**entry, **every, f: value}) else {})
-        combos += [every] + ([dict(MOE, moe_dense_layers=1)] if moe else [])
-    out = []
-    for kw in (dict(entry, **c) for c in combos if accepted(dict(entry, **c))):
-        on = ", ".join(f"{f}={kw[f]!r}" for f in kw if f in others or f == "tie_embeddings"
-                       if kw[f] != defaults()[f])
-        moe = " MoE" if "n_experts" in kw else ""
-        if kw not in [k for _, k in out]:
-            out.append((f"reparam={reparam!r} placement={placement!r}{moe} "
-                        f"{on or 'other flags at default'}", kw))
-    return out
-
-
-def entries():
-    return [(r, p) for r in model_py.REPARAMS for p in model_py.PLACEMENTS]
-
-
-def vectors(model):
-    return {n: m for n, m in model.named_modules() if isinstance(m, ScaleVector)}
 
 
 def fold_here(W, g, side):
@@ -311,44 +256,6 @@ def check_compiles_in_one_graph(reparam, placement):
             torch.testing.assert_close(gb[n], ga[n], msg=f"{label}: {n}")
 
 
-def check_export(reparam, placement):
-    """export_hf writes a Llama (Qwen3 with qk_norm) whose logits, computed by an independent Llama
-    forward (helpers.llama_forward, no transformers), are the model's; or it refuses in one
-    sentence, and then the model has what Llama has not: a vector after a Norm other than Qwen3's
-    q/k norms, a Norm after the maps or the branches (DNP, post_norm), an MoE FFN."""
-    idx = tokens(B=2, T=8)
-    qk = tuple(f".{m}.g" for m in export_hf.QK_NORMS)
-    for label, kw in models(reparam, placement):
-        model = make(**kw)
-        randomize_scale_vectors(model)
-        try:
-            config, state = export_hf.hf_export(model)
-        except export_hf.ExportError as e:
-            assert "\n" not in str(e) and str(e).count(". ") == 0, str(e)
-            c = model.config
-            assert (c.n_experts or c.post_norm or model_py.PLACEMENTS[placement].norm or any(
-                sv.folds_into == AFTER_NORM and not n.endswith(qk)
-                for n, sv in vectors(model).items())), f"{label}: refused: {e}"
-            continue
-        ours = model(idx)[0].double()
-        assert (llama_forward(config, state, idx) - ours).abs().max() < 1e-4, (
-            f"{label}: the export's logits are not the model's")
-
-
-def check_export_refuses_exactly_what_cannot_fold(placement):
-    """export_hf refuses a placement by its entry (a Norm follows the map), in one sentence naming
-    it; it takes every placement that folds."""
-    cfg = model_py.GPTConfig(**TINY, sv_placement=placement)
-    if model_py.PLACEMENTS[placement].norm:
-        with pytest.raises(export_hf.ExportError) as e:
-            export_hf.check_exportable(cfg)
-        msg = str(e.value)
-        assert msg.startswith(f"sv_placement={placement!r} cannot be exported") and "\n" not in msg
-        assert msg.count(". ") == 0, msg   # one sentence
-    else:
-        export_hf.check_exportable(cfg)
-
-
 def check_moe_paths_agree(reparam, placement):
     """The two dispatch paths of MoE.run_experts, the loop (a CPU's) and the grouped GEMM (a GPU's,
     torch._grouped_mm, which runs on a CPU in float32 too): the same loss and gradients with every
@@ -405,7 +312,7 @@ def check_per_expert_vectors_declare_it(reparam, placement):
 CHECKS = (check_vectors_are_exactly_one_at_init,
           check_the_function_at_init_is_that_of_plain_vectors,
           check_the_matrices_share_the_baseline_init, check_no_vector_is_inert, check_folding,
-          check_compiles_in_one_graph, check_export, check_moe_paths_agree,
+          check_compiles_in_one_graph, check_moe_paths_agree,
           check_per_expert_vectors_declare_it)
 
 
@@ -435,16 +342,9 @@ def test_the_decay_groups_follow_the_declarations_and_the_policy(entry, policy):
 
 
 @pytest.mark.parametrize("placement", list(model_py.PLACEMENTS))
-def test_export_refuses_exactly_what_cannot_fold(placement):
-    check_export_refuses_exactly_what_cannot_fold(placement)
-
-
-@pytest.mark.parametrize("placement", list(model_py.PLACEMENTS))
 def test_a_copy_of_a_placement_under_a_new_name_is_treated_as_the_original(monkeypatch, placement):
-    """Export and folding read the entry, never the name: a copy of PLACEMENTS['dnp'] is refused by
-    export_hf.py in one sentence, a copy of 'dp' exports."""
+    """Folding reads the entry, never the name (export_hf too: tools/test_export_hf.py)."""
     monkeypatch.setitem(model_py.PLACEMENTS, "copy", model_py.PLACEMENTS[placement])
-    check_export_refuses_exactly_what_cannot_fold("copy")
     check_folding("none", "copy")
 
 
@@ -559,7 +459,6 @@ def test_the_readme_checklist_on_toy_entries(monkeypatch):
     monkeypatch.setitem(model_py.DECAY_POLICIES, "blocks_all", ("sv_input", "sv_output"))
     for reparam, placement in (("sp", "pre"), ("sp", "dnp"), ("or", "dp2")):
         check_all(reparam, placement)
-    check_export_refuses_exactly_what_cannot_fold("dp2")
     configurator.configure(dict(sv_reparam="none", sv_placement="pre", sv_weight_decay="none"),
                            ["--sv_reparam=sp", "--sv_placement=dp2",
                             "--sv_weight_decay=blocks_all"], config_defaults.TRAIN_RULES)
@@ -703,15 +602,3 @@ def test_every_named_variant_builds_and_has_a_char_config():
         model_py.GPTConfig(**TINY, **model_flags(flags))
         assert flags.get("sv_weight_decay", "none") in model_py.DECAY_POLICIES, name
         assert f"{name}_char.py" in CONFIGS or name.endswith(("_novec", "_noiwd")), name
-
-
-def test_a_grid_row_runs_the_flags_of_its_name():
-    """A row pointing at the wrong config file would label its results silently wrong."""
-    for grid, rows in GRIDS.items():
-        for v in rows():
-            name = variant_of(v.name)
-            assert name is not None, (
-                f"grid {grid}: row {v.name!r} is named after no model.VARIANTS entry")
-            assert flags_of(train_config(v.config, tuple(v.overrides))) == named_flags(name), \
-                f"grid {grid}: row {v.name!r} ({v.config} {' '.join(v.overrides)}) " \
-                f"is not model.VARIANTS[{name!r}]"

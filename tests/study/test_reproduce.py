@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT, commands
 from study import grids, report, reproduce
 from study.grids import Variant
 from telemetry import read_metrics
@@ -423,3 +423,23 @@ def test_every_grid_row_runs_the_config_its_name_says(grid):
         bad = {k: (cfg[k], w) for k, w in expected(v.name).items()
                if not (w(cfg[k]) if callable(w) else cfg[k] == w)}
         assert bool(bad) == (v is wrong), f"grid {grid}, row {v.name} {v.overrides}: {bad}"
+
+
+def test_the_study_readme_grid_commands_work_on_a_fresh_clone_as_written(monkeypatch, capsys,
+                                                                          tmp_path):
+    """Issue 31.13: `--grid=lr --dry_run` exited 1 there (committed results are of other code than
+    any checkout's). Each line but another --dataset's plans; a real run would not be refused."""
+    import prepare_data
+    for name in ("study", "config"):   # a fresh clone after the quick start
+        os.symlink(os.path.join(ROOT, name), tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    prepare_data.main(["shakespeare_char"])
+    lines = [w[3:] for w in commands(os.path.join("study", "README.md"))
+             if w[1:3] == ["-m", "study.reproduce"]]
+    ran = [args for args in lines if [a for a in args if a.startswith("--dataset=")][-1:]
+           in ([], ["--dataset=shakespeare_char"])]
+    for args in ran:
+        assert reproduce.main([*args, "--dry_run"]) == 0, args
+        out = capsys.readouterr().out
+        assert "a real run of this command is refused" not in out, (args, out[-400:])
+    assert len(ran) >= 6, lines

@@ -11,7 +11,8 @@ import torch
 
 import checkpoint
 import model as model_py
-from helpers import VARIANTS, llama_forward
+from helpers import (VARIANTS, entries, llama_forward, make, models,
+                     randomize_scale_vectors, tokens, vectors)
 from tools import export_hf
 
 # vocab 100 is padded to 128 rows: the export must drop the 28 padded ones
@@ -153,3 +154,57 @@ def test_each_tools_help_teaches(tool, words, capsys):
         __import__(f"tools.{tool}", fromlist=["main"]).main(["--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert e.value.code == 0 and all(w in text for w in words) and "--optimizer=" not in text
+
+
+# ---- every entry of model.py's tables, built as test_variant_tables builds it (helpers.models) ---
+
+def check_export(reparam, placement):
+    """export_hf writes a Llama (Qwen3 with qk_norm) whose logits, computed by an independent Llama
+    forward (helpers.llama_forward, no transformers), are the model's; or it refuses in one
+    sentence, and then the model has what Llama has not: a vector after a Norm other than Qwen3's
+    q/k norms, a Norm after the maps or the branches (DNP, post_norm), an MoE FFN."""
+    idx = tokens(B=2, T=8)
+    qk = tuple(f".{m}.g" for m in export_hf.QK_NORMS)
+    for label, kw in models(reparam, placement):
+        model = make(**kw)
+        randomize_scale_vectors(model)
+        try:
+            config, state = export_hf.hf_export(model)
+        except export_hf.ExportError as e:
+            assert "\n" not in str(e) and str(e).count(". ") == 0, str(e)
+            c = model.config
+            assert (c.n_experts or c.post_norm or model_py.PLACEMENTS[placement].norm or any(
+                sv.folds_into == model_py.AFTER_NORM and not n.endswith(qk)
+                for n, sv in vectors(model).items())), f"{label}: refused: {e}"
+            continue
+        ours = model(idx)[0].double()
+        assert (llama_forward(config, state, idx) - ours).abs().max() < 1e-4, (
+            f"{label}: the export's logits are not the model's")
+
+
+def check_export_refuses_exactly_what_cannot_fold(placement):
+    """export_hf refuses a placement by its entry (a Norm follows the map), in one sentence naming
+    it; it takes every placement that folds."""
+    cfg = model_py.GPTConfig(**TINY, sv_placement=placement)
+    if model_py.PLACEMENTS[placement].norm:
+        with pytest.raises(export_hf.ExportError) as e:
+            export_hf.check_exportable(cfg)
+        msg = str(e.value)
+        assert msg.startswith(f"sv_placement={placement!r} cannot be exported") and "\n" not in msg
+        assert msg.count(". ") == 0, msg   # one sentence
+    else:
+        export_hf.check_exportable(cfg)
+
+
+@pytest.mark.parametrize("entry", entries(), ids="-".join)
+def test_every_entry_of_the_tables_exports_its_logits_or_is_refused_in_one_sentence(entry):
+    check_export(*entry)
+
+
+@pytest.mark.parametrize("placement", list(model_py.PLACEMENTS))
+def test_a_placement_is_refused_by_its_entry_not_its_name(monkeypatch, placement):
+    """A copy of PLACEMENTS['dnp'] under a new name is refused as 'dnp' is, a copy of 'dp' exports
+    (README "Forking": a new placement needs no edit here)."""
+    monkeypatch.setitem(model_py.PLACEMENTS, "copy", model_py.PLACEMENTS[placement])
+    for name in (placement, "copy"):
+        check_export_refuses_exactly_what_cannot_fold(name)
