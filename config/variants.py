@@ -52,7 +52,7 @@ def flags_of(cfg):
 
 def named_flags(name):
     """The variant flags of VARIANTS[name]: its entry over every flag's default (GPTConfig's, and
-    train.py's "none" for sv_weight_decay: tests/test_variant_tables.py reads baseline_char.py's)."""
+    train.py's "none" for sv_weight_decay; the tests read baseline_char.py's)."""
     from dataclasses import fields
     from model import GPTConfig
     default = {f.name: f.default for f in fields(GPTConfig)} | {"sv_weight_decay": "none"}

@@ -644,8 +644,9 @@ def check_named(spec, v):
                  if name in VARIANTS else ({}, {}))
     for k in (k for k in want if got[k] != want[k]):
         raise SystemExit(f"error: --add={spec}: {v.name!r} names config/variants.py's {name!r}, "
-                         f"which has {k}={want[k]!r}, but {' '.join([v.config, *v.overrides])} runs "
-                         f"{k}={got[k]!r}: give the row another name or that variant's flags")
+                         f"which has {k}={want[k]!r}, but "
+                         f"{' '.join([v.config, *v.overrides])} runs {k}={got[k]!r}: give the row "
+                         "another name or that variant's flags")
     return v
 
 

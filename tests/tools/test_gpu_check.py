@@ -35,7 +35,8 @@ def test_the_cuda_tests_compile_and_speed_pass_only_on_what_they_should(monkeypa
     assert worst < 1e-3 and zero == 1   # beta 33% off: rounding noise against the whole gradient
     assert gpu_check.worst_gradient_diff(ref, {**ref, "beta": torch.tensor([1e-2])})[0] > 1e-3
     table = ("| config | tokens/s | MFU | step mem (MB) | x base |\n|---|---|---|---|---|\n"
-             "| base | 100 | 41% | 9,000 | 1.000 |\n| config/unified_124m.py | 90 | — | — | 1.1 |")
+             "| base | 100 | 41% | 9,000 | 1.000 |\n"
+             "| config/unified_124m.py | 90 | — | — | 1.1 |")
     for rc, out, words in ((0, table, "baseline 100 tok/s, MFU 41%, step memory 9,000 MB; "
                             "unified 90 tok/s; unified/baseline time per step 1.1"),
                            (1, "error: bad", "bench.py failed: error: bad")):
