@@ -1,10 +1,7 @@
-"""The promises of README's "Resuming and preemption", one test each: a kill leaves the previous
-checkpoint; a NaN is never saved; SIGTERM saves and exits 0 (under DDP before torchrun kills); bad
-input (data, checkpoints, a full disk, a second trainer) is one sentence; nothing outside the run
-folder is touched. train.py in subprocesses, as a cluster runs it; checkpoint.py in-process."""
+"""README's "Resuming and preemption", one test per promise: train.py in subprocesses as a cluster
+runs it (signals, kills, a data file cut); checkpoint.py, dataset.py, telemetry.py in-process."""
 import errno
 import io
-import json
 import os
 import random
 import re
@@ -13,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -47,13 +43,12 @@ def last_line(p):
     return p.stderr.strip().splitlines()[-1]
 
 
-# ---- signals and kills --------------------------------------------------------------------------
+# ---- train.py in subprocesses: signals, kills, a token file cut under it -----------------------
 
 @pytest.mark.slow
 def test_a_stop_signal_saves_the_step_exits_0_and_a_second_trainer_is_refused(workdir):
-    """SIGTERM during the step-0 evaluation saves step 0, and the resume does not log that
-    evaluation again; SIGTERM mid-run finishes the step, saves it and exits 0; meanwhile a second
-    trainer on the folder is refused, naming the first."""
+    """SIGTERM during the step-0 evaluation saves step 0, which the resume does not evaluate again;
+    mid-run it finishes the step and saves it; meanwhile a second trainer is refused."""
     run = ["--out_dir=out_term", "--max_iters=100000", "--eval_interval=100000",
            "--eval_iters=400"]   # 0.2-2 s of evaluation at step 0
     p = start(workdir, *run)
@@ -74,16 +69,26 @@ def test_a_stop_signal_saves_the_step_exits_0_and_a_second_trainer_is_refused(wo
 
 
 @pytest.mark.slow
-def test_a_stop_signal_after_divergence_saves_no_nan_checkpoint(workdir):
-    """log_interval too large to see the loss: the save itself checks the last loss and weights."""
-    p = start(workdir, "--out_dir=out_nan", "--max_iters=100000", "--eval_interval=100000",
-              "--log_interval=100000", "--learning_rate=1e30", "--warmup_iters=0")
-    wait_for(lambda: catches_sigterm(p.pid))
-    time.sleep(1.0)   # some steps at lr=1e30
-    p.send_signal(signal.SIGTERM)
-    last = last_line(finish(p, check=False))
-    assert re.search(r"(training loss|a weight) is nan .* no checkpoint was saved", last), last
-    assert not checkpoint.candidates(workdir / "out_nan")
+def test_a_diverged_run_saves_nothing_and_names_the_last_good_checkpoint(workdir):
+    """A stop signal, log_interval too large to see the loss: the save itself checks the last loss
+    and weights. From scratch no checkpoint is named; resumed, the last good one."""
+    diverge = ["--out_dir=out_nan", "--max_iters=100000", "--eval_interval=100000",
+               "--log_interval=100000", "--learning_rate=1e30", "--warmup_iters=0"]
+    for more, named, kept in (
+            ([], "no checkpoint was saved", []),
+            (["--init_from=resume"], "the last good checkpoint is out_nan/ckpt_0000002.pt: resume "
+             "from it", ["ckpt_0000002.pt"])):
+        if more:   # a good checkpoint at step 2 first
+            train(workdir, "--out_dir=out_nan", "--max_iters=2", "--eval_interval=2",
+                  "--overwrite=True")
+        p = start(workdir, *diverge, *more)
+        wait_for(lambda: catches_sigterm(p.pid))
+        time.sleep(1.0)   # some steps at lr=1e30
+        p.send_signal(signal.SIGTERM)
+        last = last_line(finish(p, check=False))
+        assert re.search(r"(training loss|a weight) is nan at step \d+; ", last), last
+        assert named in last, last
+        assert [os.path.basename(c) for c in checkpoint.checkpoints(workdir / "out_nan")] == kept
 
 
 @pytest.mark.slow
@@ -134,89 +139,6 @@ def test_sigkill_during_a_save_resumes_from_the_previous_complete_checkpoint(wor
     assert not (out / cut.group(0)).exists()   # a dead writer's temporary file, cleaned up
 
 
-# ---- train.py checks what it reads ---------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def two_made_once(workdir):
-    train(workdir, "--out_dir=out_two_master", "--max_iters=4", "--eval_interval=2")
-    return workdir / "out_two_master"
-
-
-@pytest.fixture
-def two_checkpoints(workdir, two_made_once):
-    """A fresh copy of a 4-step run with checkpoints at steps 2 and 4, in out_two."""
-    shutil.rmtree(workdir / "out_two", ignore_errors=True)
-    shutil.copytree(two_made_once, workdir / "out_two", ignore=shutil.ignore_patterns("lock"))
-    return workdir / "out_two"
-
-
-def truncate(workdir, state, path):
-    path.write_bytes(path.read_bytes()[: os.path.getsize(path) // 2])
-
-
-def swap_moments(workdir, state, path):   # was: munmap_chunk(), rc -6
-    entries = state["optimizers"][0]["state"]
-    a, b = "blocks.0.attn.qkv.weight", "blocks.0.attn.proj.weight"
-    entries[a], entries[b] = entries[b], entries[a]
-    torch.save(state, path)
-
-
-def rename_a_weight(workdir, state, path):   # as a later model.py might
-    state["model"]["blocks.0.attn.qkv.g_in.gain"] = state["model"].pop("blocks.0.attn.qkv.g_in.g")
-    torch.save(state, path)
-
-
-def permute_the_vocabulary(workdir, state, path):   # a copy of data/tiny, its ids other characters
-    perm = workdir / "data" / "tiny_perm"
-    shutil.copytree(workdir / "data" / "tiny", perm, dirs_exist_ok=True)
-    meta = json.loads((perm / "meta.json").read_text())
-    (perm / "meta.json").write_text(json.dumps({**meta, "chars": meta["chars"][::-1]}))
-
-
-RESUME_FAULTS = [   # (what is done to the newest checkpoint or the data, args, the sentence)
-    (truncate, [], "is corrupt or not a checkpoint of this project (it does not load); resume "
-                   "from an older one with --resume_fallback=True"),
-    (swap_moments, [], "holds optimizer state that does not fit this model (blocks.0.attn.qkv."
-                       "weight's exp_avg is (32, 32), not (96, 32))"),
-    (rename_a_weight, [], "does not fit this model (missing blocks.0.attn.qkv.g_in.g"),
-    (lambda w, s, p: None, ["--n_embd=64", "--sv_hetero=True", "--optimizer=muon"],
-     "mismatched keys (checkpoint, requested): n_embd=(32, 64), sv_hetero=(False, True)"),
-    (permute_the_vocabulary, ["--dataset=tiny_perm"],
-     "was trained on another vocabulary than data/tiny_perm/meta.json now holds"),
-    # a diverging loss: nothing saved after it, the last good checkpoint named
-    (lambda w, s, p: None, ["--learning_rate=1e30", "--warmup_iters=0", "--grad_clip=0"],
-     "; the last good checkpoint is out_two/ckpt_0000004.pt: resume from it")]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("fault, args, message", RESUME_FAULTS, ids=lambda x: getattr(
-    x, "__name__", None) if callable(x) else None)
-def test_a_resume_refuses_what_it_cannot_continue_in_one_sentence(workdir, two_checkpoints,
-                                                                    fault, args, message):
-    """The newest checkpoint stays as it was, and `latest` names it."""
-    path = Path(checkpoint.candidates(two_checkpoints)[0])
-    fault(workdir, torch.load(path, weights_only=True) if fault is not truncate else None, path)
-    kept = path.read_bytes()
-    p = train(workdir, "--out_dir=out_two", "--max_iters=6", "--eval_interval=2",
-              "--init_from=resume", *args, check=False)
-    assert message in last_line(p) and os.path.basename(path) in last_line(p), last_line(p)
-    assert path.read_bytes() == kept and checkpoint.candidates(two_checkpoints)[0] == str(path)
-    if fault is truncate:   # the fallback is opt-in, and gets past it
-        train(workdir, "--out_dir=out_two", "--max_iters=6", "--eval_interval=2",
-              "--init_from=resume", "--resume_fallback=True")
-        assert checkpoint.load_latest(two_checkpoints)[1]["iter_num"] == 6
-
-
-@pytest.mark.slow
-def test_overwrite_replaces_a_run_and_a_new_global_batch_is_one_warning(workdir, two_checkpoints):
-    p = train(workdir, "--out_dir=out_two", "--init_from=resume", "--max_iters=5",
-              "--eval_interval=5", "--batch_size=8")
-    assert "trained with 64 tokens per iteration, this run uses 128" in p.stdout, p.stdout
-    train(workdir, "--out_dir=out_two", "--overwrite=True", "--max_iters=2", "--eval_interval=2")
-    assert checkpoint.checkpoints(two_checkpoints) == [str(two_checkpoints / "ckpt_0000002.pt")]
-    assert [r["iter"] for r in records(workdir, "out_two", "train")] == [1, 2]
-
-
 @pytest.mark.slow
 def test_a_token_file_cut_short_under_a_running_trainer_is_one_sentence(workdir):
     data = workdir / "data" / "tiny_cut"
@@ -227,10 +149,13 @@ def test_a_token_file_cut_short_under_a_running_trainer_is_one_sentence(workdir)
     wait_for(lambda: checkpoint.candidates(workdir / "out_cut"))
     with open(data / "train.bin", "r+b") as f:   # cut mid-token, as a copy in progress would be
         f.truncate(os.path.getsize(data / "train.bin") // 2 + 1)
-    assert last_line(finish(p, check=False)).startswith(
-        f"error: {os.path.join('data', 'tiny_cut', 'train.bin')} changed under the running trainer")
+    last = last_line(finish(p, check=False))
+    assert last.startswith(f"error: {os.path.join('data', 'tiny_cut', 'train.bin')} changed under "
+                           "the running trainer"), last
     assert checkpoint.load_latest(workdir / "out_cut")[1]["iter_num"] % 3 == 0   # `latest` intact
 
+
+# ---- checkpoint.py, dataset.py and telemetry.py, in-process ------------------------------------
 
 def test_a_token_file_cut_short_during_the_start_up_check_is_one_sentence(tmp_path, monkeypatch):
     """Issue 31.3: a memmap died of SIGBUS; the check reads with pread, so a file cut between two
@@ -248,57 +173,47 @@ def test_a_token_file_cut_short_during_the_start_up_check_is_one_sentence(tmp_pa
     assert cuts and "--init_from=resume" in str(e.value.code)
 
 
-# ---- checkpoint.py and the run folder, in-process -----------------------------------------------
-
 def fake_state(step, **change):
     return {"model": {"w": torch.full((4,), float(step))}, "optimizers": [], "model_args": {},
             "config": {}, "iter_num": step, "best_val_loss": 1.0, **change}
 
 
-class Evil:
-    def __reduce__(self):
-        return (os.system, ("echo pwned",))
+LEGACY = io.BytesIO()   # torch.save's pre-zip format, cut short in BAD_FILES
+torch.save(fake_state(1), LEGACY, _use_new_zipfile_serialization=False)
+BAD_FILES = {   # name: (the bytes of the file, or what torch.save writes; what the sentence says)
+    "legacy_truncated": (LEGACY.getvalue()[:200], "it does not load"),
+    "random_bytes": (random.Random(0).randbytes(5000), "it does not load"),
+    "text": (b"hello world\n" * 100, "it does not load"), "empty": (b"", "it does not load"),
+    "a_tensor": (torch.ones(3), "a Tensor, not a dict"),
+    "no_keys": ({"model": {}}, "optimizers is NoneType"),
+    "config_list": (fake_state(2, config=[]), "config is list"),
+    "iter_str": (fake_state(2, iter_num="20"), "iter_num is str '20'"),
+    "iter_bool": (fake_state(2, iter_num=True), "iter_num is bool"),
+    "iter_negative": (fake_state(2, iter_num=-1), "iter_num below 0"),
+    "float_weight": (fake_state(2, model={"w": 1.0}), "model's w is not a floating-point"),
+    "int_weights": (fake_state(2, model={"w": (torch.ones(4) * 1000).long()}),
+                    "model's w is not a floating-point tensor"),
+    "mixed": (fake_state(2, model={"w": torch.ones(4), "v": torch.ones(2, dtype=torch.float64)}),
+              "its weights mix"),
+    "pickle": (fake_state(2, extra=os.system),   # a global: what a pickle that runs code needs
+               "holds Python objects that weights_only loading refuses"),
+    "nan_weights": (fake_state(2, model={"w": torch.tensor([1.0, float("nan")])}),
+                    "holds non-finite weights (w)")}   # never the last good checkpoint
 
 
-BAD_FILES = {   # what a file holds -> what the sentence says of it
-    "legacy_truncated": "it does not load", "random_bytes": "it does not load",
-    "text": "it does not load", "empty": "it does not load", "a_tensor": "a Tensor, not a dict",
-    "no_keys": "optimizers is NoneType", "config_list": "config is list",
-    "iter_str": "iter_num is str '20'", "iter_bool": "iter_num is bool",
-    "iter_negative": "iter_num below 0", "float_weight": "model's w is not a floating-point",
-    "int_weights": "model's w is not a floating-point tensor", "mixed": "its weights mix",
-    "pickle": "holds Python objects that weights_only loading refuses",
-    "nan_weights": "holds non-finite weights (w)"}   # never the last good checkpoint
-
-
-def write_bad(kind, path):
-    raw = {"random_bytes": random.Random(0).randbytes(5000), "text": b"hello world\n" * 100,
-           "empty": b""}
-    if kind in raw:
-        return path.write_bytes(raw[kind])
-    if kind == "legacy_truncated":   # torch.save's pre-zip format, cut short
-        torch.save(fake_state(1), path, _use_new_zipfile_serialization=False)
-        return path.write_bytes(path.read_bytes()[:200])
-    weights = {"float_weight": {"w": 1.0}, "int_weights": {"w": (torch.ones(4) * 1000).long()},
-               "mixed": {"w": torch.ones(4), "v": torch.ones(2, dtype=torch.float64)},
-               "nan_weights": {"w": torch.tensor([1.0, float("nan")])}}
-    states = {"a_tensor": torch.ones(3), "no_keys": {"model": {}},
-              "config_list": fake_state(2, config=[]), "iter_str": fake_state(2, iter_num="20"),
-              "iter_bool": fake_state(2, iter_num=True),
-              "iter_negative": fake_state(2, iter_num=-1), "pickle": fake_state(2, extra=Evil())}
-    torch.save(states[kind] if kind in states else fake_state(2, model=weights[kind]), path)
-
-
-@pytest.mark.parametrize("kind", BAD_FILES)
-def test_a_file_that_is_not_a_checkpoint_is_one_sentence_and_fallback_gets_past_it(tmp_path,
-                                                                                    kind):
+@pytest.mark.parametrize("held, sentence", BAD_FILES.values(), ids=BAD_FILES)
+def test_a_file_that_is_not_a_checkpoint_is_one_sentence_and_fallback_gets_past_it(tmp_path, held,
+                                                                                    sentence):
     checkpoint.save(tmp_path, fake_state(1), 1)
-    write_bad(kind, tmp_path / "ckpt_0000002.pt")
+    if isinstance(held, bytes):
+        (tmp_path / "ckpt_0000002.pt").write_bytes(held)
+    else:
+        torch.save(held, tmp_path / "ckpt_0000002.pt")
     (tmp_path / "latest").write_text("ckpt_0000002.pt")
     with pytest.raises(checkpoint.CheckpointError) as e:
         checkpoint.load_latest(tmp_path)
-    assert BAD_FILES[kind] in str(e.value) and "ckpt_0000002.pt" in str(e.value), str(e.value)
-    assert "--resume_fallback" in str(e.value) or kind == "pickle"
+    assert sentence in str(e.value) and "ckpt_0000002.pt" in str(e.value), str(e.value)
+    assert "--resume_fallback" in str(e.value) or "weights_only" in sentence   # a pickle: tampered
     assert checkpoint.load_latest(tmp_path, fallback=True)[1]["iter_num"] == 1
 
 
@@ -306,7 +221,6 @@ def test_a_file_that_is_not_a_checkpoint_is_one_sentence_and_fallback_gets_past_
                                   "notes.txt", "a folder", b"\xff\xfe"])
 def test_latest_must_name_a_checkpoint_of_its_own_folder(tmp_path, held):
     """Issue 39.10: `latest` naming ../victim/ckpt_0000020.pt was followed into another run."""
-    (tmp_path / "victim").mkdir()
     checkpoint.save(tmp_path / "victim", fake_state(20), 20)
     run, latest = tmp_path / "run", tmp_path / "run" / "latest"
     checkpoint.save(run, fake_state(1), 1)
@@ -317,9 +231,11 @@ def test_latest_must_name_a_checkpoint_of_its_own_folder(tmp_path, held):
         checkpoint.load_latest(run)
 
 
-def test_keep_last_k_counts_by_iteration_this_run_only_and_touches_only_its_folder(tmp_path):
-    """An older run's higher-numbered checkpoints take no slot; past 9,999,999 iterations the
-    order is by number; a folder named with glob characters (g[1]) is only itself."""
+def test_a_run_folder_loses_only_its_own_files_and_a_run_only_when_told(tmp_path):
+    """keep_checkpoints counts this run's by iteration (an older run's higher-numbered ones take no
+    slot; past 9,999,999 by number; a folder named g[1] is only itself). Issue 39.1: a folder with
+    only a run's metrics.jsonl holds a run too; told, a scratch run removes exactly the run's
+    checkpoints, `latest`, metrics and a dead writer's temporary checkpoint."""
     for step in (100, 200):
         torch.save(fake_state(step), tmp_path / f"ckpt_{step:07d}.pt")
     for step in (1, 2, 3):
@@ -335,15 +251,6 @@ def test_keep_last_k_counts_by_iteration_this_run_only_and_touches_only_its_fold
         assert len(checkpoint.checkpoints(tmp_path / other)) == 3
         assert [checkpoint.step_of(p) for p in checkpoint.checkpoints(tmp_path / odd)] == [
             10_000_000, 10_000_001]
-
-
-def test_a_scratch_run_replaces_a_run_only_when_told_and_removes_only_its_own_names(tmp_path):
-    """Issue 39.1: a folder holding only a run's metrics.jsonl (it stopped before its first
-    checkpoint) holds a run as one with checkpoints does. Told, open_run removes exactly the
-    run's checkpoints, `latest`, metrics and a dead writer's temporary checkpoint."""
-    (tmp_path / "a_file").write_text("x")
-    with pytest.raises(checkpoint.CheckpointError, match="is a file"):
-        checkpoint.check_out_dir(tmp_path / "a_file", "resume", False)
     (tmp_path / "logged").mkdir()
     (tmp_path / "logged" / "metrics.jsonl").write_text('{"kind": "eval", "iter": 0}\n')
     checkpoint.save(tmp_path / "saved", fake_state(1), 1)
@@ -357,10 +264,8 @@ def test_a_scratch_run_replaces_a_run_only_when_told_and_removes_only_its_own_na
     checkpoint.save(tmp_path / "saved", fake_state(2), 2)   # `latest` again
     for name in ("ckpt_0000003.pt.tmp99999", "notes.txt.tmp99999", "notes.txt", "metrics.jsonl"):
         (tmp_path / "saved" / name).write_text("x")
-    lock = checkpoint.open_run(tmp_path / "saved", "scratch")
+    checkpoint.open_run(tmp_path / "saved", "scratch").close()
     assert sorted(os.listdir(tmp_path / "saved")) == ["lock", "notes.txt", "notes.txt.tmp99999"]
-    assert (tmp_path / "saved" / "lock").read_text() == str(os.getpid())
-    lock.close()
 
 
 def test_the_lock_and_metrics_are_never_written_through_a_link(tmp_path):
@@ -379,65 +284,51 @@ def test_the_lock_and_metrics_are_never_written_through_a_link(tmp_path):
 
 
 class FullDisk(io.FileIO):
-    """A file whose writes fail with ENOSPC after `room` bytes, as on a full disk."""
-    room = 0
+    """A file whose writes fail with `code` (ENOSPC: a full disk) after `room` bytes."""
+    room, code = 0, errno.ENOSPC
 
     def write(self, b):
         FullDisk.room -= len(b)
         if FullDisk.room < 0:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            raise OSError(FullDisk.code, os.strerror(FullDisk.code), self.name)
         return super().write(b)
 
 
-@pytest.mark.parametrize("room", [100, 0])   # mid-way through torch.save's zip writer / at once
-def test_a_full_disk_is_one_sentence_and_latest_keeps_the_previous_checkpoint(
-        tmp_path, monkeypatch, room):
+@pytest.mark.parametrize("room, code, advice", [
+    (100, errno.ENOSPC, "the disk is full"),   # mid-way through torch.save's zip writer
+    (0, errno.EROFS, "read-only: use another out_dir"),   # at once
+    (0, errno.ENOTDIR, "a file stands where a folder must")])
+def test_a_failed_write_names_its_file_and_errno_and_latest_keeps_the_previous_checkpoint(
+        tmp_path, monkeypatch, room, code, advice):
+    """Issue 39.6: every failure blamed metrics.jsonl (not the file that failed, here the temporary
+    one) and advised freeing space."""
     checkpoint.save(tmp_path, fake_state(1), 1)
     before = sorted(os.listdir(tmp_path))
     monkeypatch.setattr(FullDisk, "room", room)
+    monkeypatch.setattr(FullDisk, "code", code)
     monkeypatch.setattr(checkpoint, "open", lambda path, mode="r": FullDisk(path, mode)
                         if "w" in mode else open(path, mode), raising=False)
     with pytest.raises(checkpoint.CheckpointError) as e:
         checkpoint.save(tmp_path, fake_state(2), 2)
-    assert ("ckpt_0000002.pt" in str(e.value) and "errno 28, the disk is full" in str(e.value)
-            and "still names ckpt_0000001.pt" in str(e.value)), str(e.value)
+    failed = tmp_path / f"ckpt_0000002.pt.tmp{os.getpid()}"
+    assert (str(e.value).startswith(f"cannot write {failed} (errno {code}, ") and advice in
+            str(e.value) and "still names ckpt_0000001.pt" in str(e.value)), str(e.value)
     monkeypatch.undo()
     assert sorted(os.listdir(tmp_path)) == before   # no temporary file left, nothing else touched
 
 
-@pytest.mark.parametrize("code, advice", [(errno.EROFS, "read-only: use another out_dir"),
-                                          (errno.ENOTDIR, "a file stands where a folder must"),
-                                          (errno.ENOSPC, "the disk is full")])
-def test_a_failed_write_names_the_path_that_failed_and_advice_for_its_errno(tmp_path, code,
-                                                                             advice):
-    """Issue 39.6: every failure blamed metrics.jsonl and advised freeing space."""
-    e = OSError(code, os.strerror(code), str(tmp_path / "wandb"))
-    msg = checkpoint.write_error(tmp_path / "metrics.jsonl", e, tmp_path)
-    assert msg.startswith(f"cannot write {tmp_path / 'wandb'} (errno {code}, ") and advice in msg
-
-
-def test_wandb_that_cannot_start_is_one_sentence(tmp_path, monkeypatch):
-    """Issue 39.5: online without an API key, wandb.init raised UsageError after 22 s."""
+@pytest.mark.parametrize("installed, message", [
+    (False, "--wandb_log=True needs wandb: pip install wandb"),
+    # issue 39.5: online without an API key, wandb.init raised UsageError after 22 s
+    (True, r"wandb could not start \(api_key not configured.*`wandb login`.*WANDB_MODE=offline")])
+def test_wandb_that_cannot_start_is_one_sentence(tmp_path, monkeypatch, installed, message):
     class UsageError(Exception):
         pass
     fake = type(sys)("wandb")
     fake.init = lambda **kw: (_ for _ in ()).throw(UsageError("api_key not configured (no-tty)"))
-    monkeypatch.setitem(sys.modules, "wandb", fake)
-    with pytest.raises(SystemExit, match=r"wandb could not start \(api_key not configured.*"
-                                         r"`wandb login`.*WANDB_MODE=offline"):
+    monkeypatch.setitem(sys.modules, "wandb", fake if installed else None)   # None: import fails
+    with pytest.raises(SystemExit, match=message):
         telemetry.RunLog(tmp_path, wandb={"project": "p"})
-
-
-def test_resume_drops_a_torn_metrics_line_and_what_came_after_the_checkpoint(tmp_path, capsys):
-    path = tmp_path / "metrics.jsonl"
-    path.write_text("".join(json.dumps({"kind": "train", "iter": i}) + "\n" for i in (1, 2, 3))
-                    + '{"kind": "tr')
-    telemetry.trim_metrics(path, 2)
-    assert [r["iter"] for r in telemetry.read_metrics(path)[0]] == [1, 2]
-    assert "dropped 1 line(s)" in capsys.readouterr().out
-    mtime = path.stat().st_mtime_ns
-    telemetry.trim_metrics(path, 2)   # nothing to drop: nothing written (a resume on a full disk)
-    assert path.stat().st_mtime_ns == mtime
 
 
 def test_optimizer_state_is_restored_by_name_and_checked_against_its_parameters():

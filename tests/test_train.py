@@ -8,44 +8,56 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import ROOT, final_state, finish, records, start, train
+import checkpoint
 from config.variants import VARIANTS
-from model import GPT, GPTConfig
+from helpers import ROOT, final_state, finish, records, start, train
 
-TORCHRUN = (sys.executable, "-m", "torch.distributed.run",
-            "--standalone", "--nproc_per_node=2")
+TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
 
 
 @pytest.mark.slow
-def test_resume_reproduces_the_uninterrupted_run_exactly(workdir):
+def test_resume_repeats_the_run_bit_for_bit_a_requeue_trains_nothing_and_overwrite_starts_again(
+        workdir):
+    """The resume drops a torn log line and what was logged after its checkpoint; a requeue, its
+    batch from the command line, rewrites no log (a full disk would fail it)."""
     common = ["--eval_interval=5", "--lr_decay_iters=12", "--sv_hetero=True", "--sv_reparam=or"]
     train(workdir, "--out_dir=out_full", "--max_iters=12", *common)
-    train(workdir, "--out_dir=out_resumed", "--max_iters=7", *common)          # stops after 7 steps
-    train(workdir, "--out_dir=out_resumed", "--max_iters=12", "--init_from=resume", *common)
+    train(workdir, "--out_dir=out_resumed", "--max_iters=7", *common)   # stops after 7 steps
+    metrics = workdir / "out_resumed" / "metrics.jsonl"
+    with open(metrics, "a") as f:   # logged after the checkpoint, then a line cut short by a kill
+        f.write(json.dumps({"kind": "train", "iter": 8}) + '\n{"kind": "tr')
+    p = train(workdir, "--out_dir=out_resumed", "--max_iters=12", "--init_from=resume", *common)
+    assert "dropped 1 line(s)" in p.stdout, p.stdout
     full, resumed = records(workdir, "out_full", "train"), records(workdir, "out_resumed", "train")
     assert [r["iter"] for r in resumed] == list(range(1, 13))   # the log reads as one run
     assert [r["loss"] for r in resumed] == [r["loss"] for r in full]   # bit for bit
     a, b = final_state(workdir, "out_full")["model"], final_state(workdir, "out_resumed")["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
+    mtime = metrics.stat().st_mtime_ns
     again = train(workdir, "--out_dir=out_resumed", "--max_iters=12", "--init_from=resume",
-                  *common)   # a requeue
-    assert "is at iteration 12 and max_iters=12: nothing to train" in again.stdout, again.stdout
-    assert records(workdir, "out_resumed", "train") == resumed
+                  "--batch_size=8", "--final_eval=False", *common).stdout
+    assert "is at iteration 12 and max_iters=12: nothing to train" in again, again
+    assert "trained with 64 tokens per iteration, this run uses 128" in again, again
+    assert metrics.stat().st_mtime_ns == mtime
+    train(workdir, "--out_dir=out_resumed", "--overwrite=True", "--max_iters=2",
+          "--eval_interval=2")
+    assert sorted(os.listdir(workdir / "out_resumed")) == ["ckpt_0000002.pt", "latest", "lock",
+                                                           "metrics.jsonl"]
+    assert [r["iter"] for r in records(workdir, "out_resumed", "train")] == [1, 2]
 
 
 @pytest.mark.slow
 def test_ddp_two_processes_match_one_and_a_mismatch_is_refused_before_anything_is_written(
         workdir):
     """Two processes, one micro-step each, make the step of one process with two. Refused: an
-    accumulation the processes cannot share, and a config that reads RANK (max_iters by process:
-    it hung for gloo's 30 minutes)."""
+    accumulation they cannot share, a config that reads RANK (it hung for gloo's 30 minutes)."""
     common = ["--max_iters=4", "--eval_interval=4", "--gradient_accumulation_steps=2"]
     train(workdir, "--out_dir=out_single", *common)
     train(workdir, "--out_dir=out_ddp", *common, launcher=TORCHRUN)
-    single, ddp = (final_state(workdir, out)["model"] for out in ("out_single", "out_ddp"))
-    for k in single:
-        assert torch.allclose(single[k], ddp[k], atol=1e-5, rtol=0), k
-    assert final_state(workdir, "out_ddp")["iter_num"] == 4
+    single, ddp = (final_state(workdir, out) for out in ("out_single", "out_ddp"))
+    assert ddp["iter_num"] == 4
+    for k in single["model"]:
+        assert torch.allclose(single["model"][k], ddp["model"][k], atol=1e-5, rtol=0), k
     (workdir / "by_rank.py").write_text(
         "import os\nmax_iters = 2 + int(os.environ.get('RANK', 0))\n")
     for args, message in (
@@ -58,178 +70,187 @@ def test_ddp_two_processes_match_one_and_a_mismatch_is_refused_before_anything_i
         assert not (workdir / "out_ddp_bad").exists()
 
 
+FLOAT32 = ["--max_iters=30", "--eval_interval=15", "--log_interval=10"]
+
+
+@pytest.fixture(scope="module")
+def float32_run(workdir):
+    return train(workdir, "--out_dir=out_final", *FLOAT32)
+
+
 @pytest.mark.slow
-def test_the_final_evaluation_is_the_whole_val_split_and_the_telemetry_follows_each_eval(workdir):
+def test_the_final_evaluation_is_the_whole_val_split_and_the_telemetry_follows_each_eval(
+        workdir, float32_run):
     """The run learns; it ends with the loss over every window of the val split (computed here
     again from the final checkpoint, issue 33); a precond record follows each evaluation by one
     step (but the last); the first log line comes after the first step, with the ETA (issue 34)."""
-    p = train(workdir, "--out_dir=out_final", "--max_iters=40", "--eval_interval=20",
-              "--log_interval=8")
-    assert "iter 1/40: loss" in p.stdout and "eta 0h00m" in p.stdout, p.stdout
-    assert [r["iter"] for r in records(workdir, "out_final", "train")] == [1, 8, 16, 24, 32, 40]
+    assert "iter 1/30: loss" in float32_run.stdout and "eta 0h00m" in float32_run.stdout
+    assert [r["iter"] for r in records(workdir, "out_final", "train")] == [1, 10, 20, 30]
     evals = records(workdir, "out_final", "eval")
-    assert [r["iter"] for r in evals] == [0, 20, 40] and evals[2]["val_loss"] < evals[0][
+    assert [r["iter"] for r in evals] == [0, 15, 30] and evals[2]["val_loss"] < evals[0][
         "val_loss"] - 0.3, evals   # it learns
     assert "blocks.1.mlp.gate_up.g_in" in evals[2]["scale_vectors"]   # every effective vector
-    assert [r["iter"] for r in records(workdir, "out_final", "precond")] == [1, 21]
+    assert [r["iter"] for r in records(workdir, "out_final", "precond")] == [1, 16]
     maps = records(workdir, "out_final", "precond")[-1]["maps"]
     assert set(maps) == {"blocks.0.attn.qkv", "blocks.0.mlp.gate_up", "blocks.1.attn.qkv",
                          "blocks.1.mlp.gate_up", "head"}
     final = records(workdir, "out_final", "final")[-1]
-    model = GPT(GPTConfig(**final_state(workdir, "out_final")["model_args"]))
-    model.load_state_dict(final_state(workdir, "out_final")["model"])
+    model = checkpoint.load_model(workdir / "out_final")[2].eval()
     val = torch.from_numpy(np.fromfile(workdir / "data" / "tiny" / "val.bin",
                                        dtype=np.uint16).astype(np.int64))
     T, targets, total = 16, len(val) - 1, 0.0   # helpers.TINY_MODEL's block_size
     with torch.no_grad():
         for a in range(0, targets, T):   # every target: windows of T, the last one shorter
             b = min(a + T, targets)
-            total += model.eval()(val[None, a:b], val[None, a + 1 : b + 1])[1].item() * (b - a)
+            total += model(val[None, a:b], val[None, a + 1 : b + 1])[1].item() * (b - a)
     assert final["val_loss"] == pytest.approx(total / targets, rel=1e-5)   # float32, another order
 
 
 @pytest.mark.slow
-def test_bf16_autocast_on_cpu_trains_like_float32(workdir):
-    for dtype in ("float32", "bfloat16"):
-        train(workdir, f"--out_dir=out_{dtype}", "--max_iters=30", "--eval_interval=30",
-              f"--dtype={dtype}")
-    (first, f32), b16 = (r["val_loss"] for r in records(workdir, "out_float32", "eval")), records(
-        workdir, "out_bfloat16", "eval")[-1]["val_loss"]
-    assert abs(f32 - b16) < 0.05 * (first - f32), (f32, b16)   # within 5% of the progress made
+def test_bf16_autocast_on_cpu_trains_like_float32(workdir, float32_run):
+    train(workdir, "--out_dir=out_bfloat16", *FLOAT32, "--dtype=bfloat16")
+    first, _, f32 = (r["val_loss"] for r in records(workdir, "out_final", "eval"))
+    b16 = records(workdir, "out_bfloat16", "eval")[-1]["val_loss"]
+    # within 5% of the progress made: measured 0.05% here, at most 1.6% with seeds 1-3
+    assert abs(f32 - b16) < 0.05 * (first - f32), (f32, b16)
 
 
 @pytest.mark.slow
-def test_wandb_logs_offline_and_a_resume_continues_the_same_run(workdir, tmp_path):
+def test_wandb_logs_offline_and_a_resume_continues_the_same_run(workdir):
     """Issue 34: --wandb_log=True (WANDB_MODE=offline, no network) writes wandb's files into
-    out_dir; a resume continues the run of the same id; without wandb it is one sentence."""
+    out_dir; a resume continues the run of the same id."""
     pytest.importorskip("wandb")
-    env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     for steps, more in ((4, []), (6, ["--init_from=resume"])):
         train(workdir, "--out_dir=out_wandb", f"--max_iters={steps}", "--eval_interval=2",
-              "--wandb_log=True", *more, env=env)
-    runs = (workdir / "out_wandb" / "wandb").glob("offline-run-*")
-    ids = {p.name.rsplit("-", 1)[-1] for p in runs}
+              "--wandb_log=True", *more, env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
+    ids = {p.name.rsplit("-", 1)[-1] for p in (workdir / "out_wandb" / "wandb").glob("offline-*")}
     assert len(ids) == 1 and final_state(workdir, "out_wandb")["wandb_id"] in ids, ids
-    (tmp_path / "wandb.py").write_text("raise ImportError('no wandb here')\n")
-    p = train(workdir, "--out_dir=out_nowandb", "--max_iters=2", "--wandb_log=True",
-              env={"PYTHONPATH": str(tmp_path)}, check=False)
-    assert p.returncode != 0 and "--wandb_log=True needs wandb: pip install wandb" in p.stderr
 
 
-DATA_FAULTS = {   # data/bad_<fault>, a copy of data/tiny with one fault -> what the sentence says
-    "vocab": "beyond vocab_size", "no_meta": "meta.json missing", "no_bin": "val.bin is missing",
-    "torn_bin": "train.bin has an odd number of bytes", "bad_json": "meta.json is not valid JSON",
-    "no_vocab": "meta.json lacks vocab_size"}
+DATA_FAULTS = {   # data/bad_<name>: data/tiny, one file changed (None: removed) -> the sentence
+    "no_bin": ("val.bin", None, "val.bin is missing"),
+    "bad_json": ("meta.json", lambda raw, vocab: raw[:20], "meta.json is not valid JSON"),
+    "no_vocab": ("meta.json", lambda raw, vocab: raw.replace(b'"vocab_size"', b'"size"'),
+                 "meta.json lacks vocab_size"),
+    "torn_bin": ("train.bin", lambda raw, vocab: raw[:-1],   # a copy cut short mid-token
+                 "train.bin has an odd number of bytes"),
+    # ids beyond the vocabulary after the first 500 (out_keep's run reads only those)
+    "vocab": ("train.bin", lambda raw, vocab: raw[:1000] + np.full(
+        len(raw) // 2 - 500, vocab, np.uint16).tobytes(), "beyond vocab_size")}
 
 
 @pytest.fixture(scope="module")
-def existing_run(workdir):
-    """DATA_FAULTS' datasets, and a finished run in out_keep on bad_vocab's first 500 tokens
-    (--train_tokens): only they are read, the ids after them are beyond the vocabulary."""
-    for fault in DATA_FAULTS:
-        bad = workdir / "data" / f"bad_{fault}"
+def existing_runs(workdir):
+    """DATA_FAULTS' datasets; out_keep, a run on bad_vocab's first 500 tokens with checkpoints at
+    steps 2 and 4, and copies whose ckpt_0000004.pt is cut in half, has a weight renamed (as a
+    later model.py might) or the vocabulary of other text (the same ids, other characters)."""
+    for name, (file, change, _) in DATA_FAULTS.items():
+        bad = workdir / "data" / f"bad_{name}"
         shutil.copytree(workdir / "data" / "tiny", bad, dirs_exist_ok=True)
-        meta, tokens = json.loads((bad / "meta.json").read_text()), bad / "train.bin"
-        if fault == "vocab":
-            ids = np.fromfile(tokens, dtype=np.uint16)
-            ids[500:] = meta["vocab_size"]
-            ids.tofile(tokens)
-        elif fault == "no_vocab":
-            del meta["vocab_size"]
-            (bad / "meta.json").write_text(json.dumps(meta))
-        elif fault == "torn_bin":   # a copy cut short mid-token
-            tokens.write_bytes(tokens.read_bytes()[:-1])
-        elif fault == "bad_json":
-            (bad / "meta.json").write_text('{"tokenizer": "char", ')
+        vocab = json.loads((bad / "meta.json").read_text())["vocab_size"]
+        if change is None:
+            os.remove(bad / file)
         else:
-            os.remove(bad / ("meta.json" if fault == "no_meta" else "val.bin"))
-    train(workdir, "--out_dir=out_keep", "--max_iters=2", "--eval_interval=2",
+            (bad / file).write_bytes(change((bad / file).read_bytes(), vocab))
+    train(workdir, "--out_dir=out_keep", "--max_iters=4", "--eval_interval=2",
           "--dataset=bad_vocab", "--train_tokens=500")
-    return workdir / "out_keep"
+    runs = [workdir / f"out_{name}" for name in ("keep", "torn", "renamed", "chars")]
+    for run in runs[1:]:
+        shutil.copytree(runs[0], run)
+    newest = [run / "ckpt_0000004.pt" for run in runs]
+    newest[1].write_bytes(newest[1].read_bytes()[: newest[1].stat().st_size // 2])
+    state = torch.load(newest[0], weights_only=True)
+    torch.save({**state, "vocab": {**state["vocab"], "chars": state["vocab"]["chars"][::-1]}},
+               newest[3])
+    state["model"]["blocks.0.attn.qkv.g_in.gain"] = state["model"].pop("blocks.0.attn.qkv.g_in.g")
+    torch.save(state, newest[2])
+    return runs
 
 
-def snapshot(d):
-    return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.name != "lock"}
+def snapshot(runs):
+    return {(d.name, p.name): p.read_bytes() for d in runs for p in sorted(d.iterdir())
+            if p.name != "lock"}
+
+
+RESUME = ["--init_from=resume", "--max_iters=6"]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("args,message", [
-    (["--lr_decay_iters=abc"], "expects int"),          # a key whose default was None took anything
+    (["--lr_decay_iters=abc"], "expects int"),   # a key whose default was None took anything
     (["--dataset=nowhere"], "prepare_data.py"),
-    *[([f"--dataset=bad_{fault}"], message) for fault, message in DATA_FAULTS.items()],
+    *[([f"--dataset=bad_{name}"], message) for name, (_, _, message) in DATA_FAULTS.items()],
     # fits train, not val: found at start, not at the first eval
     (["--block_size=5000"], "val.bin has 2000 tokens"),
     (["--train_tokens=10000000"], "train_tokens=10,000,000 but"),
     (["--sv_placement=post"], "sv_placement"),
     (["--batch_size=0"], "batch_size=0 is out of range: it must be >= 1"),
     (["--overwrite=False"], "holds a run"),   # a new run into an existing run's out_dir
-    (["--init_from=resume", "--out_dir=out_none"], "no checkpoint"),
     (["--out_dir=tiny.txt"], "is a file"),
+    ([*RESUME, "--out_dir=out_none"], "no checkpoint"),
+    ([*RESUME, "--out_dir=out_torn"], "checkpoint out_torn/ckpt_0000004.pt is corrupt or not a "
+     "checkpoint of this project (it does not load); resume from an older one with "
+     "--resume_fallback=True"),
+    # the fallback is opt-in and gets past it, to the older checkpoint's own check
+    ([*RESUME, "--out_dir=out_torn", "--resume_fallback=True", "--n_embd=64", "--sv_hetero=True",
+      "--optimizer=muon"], "out_torn/ckpt_0000002.pt was trained with a different model or "
+     "optimizer; mismatched keys (checkpoint, requested): n_embd=(32, 64), sv_hetero=(False, "
+     "True)"),
+    ([*RESUME, "--out_dir=out_renamed"],
+     "out_renamed/ckpt_0000004.pt does not fit this model (missing blocks.0.attn.qkv.g_in.g"),
+    ([*RESUME, "--out_dir=out_chars"], "out_chars/ckpt_0000004.pt was trained on another "
+     "vocabulary than data/tiny/meta.json now holds"),
 ])
-def test_bad_input_is_one_sentence_and_leaves_the_existing_run_as_it_was(
-        workdir, existing_run, args, message):
-    """Each of these is found before out_dir is touched, even with --overwrite=True (which would
-    clear the run)."""
-    before = snapshot(existing_run)
+def test_bad_input_is_one_sentence_and_leaves_the_existing_runs_as_they_were(
+        workdir, existing_runs, args, message):
+    """Found before out_dir is touched, even with --overwrite=True (which would clear the run)."""
+    before = snapshot(existing_runs)
     p = train(workdir, "--max_iters=4", "--out_dir=out_keep", "--overwrite=True", *args,
               check=False)
     assert p.returncode != 0
     last = p.stderr.strip().splitlines()[-1]
     assert message in last and "Traceback" not in p.stderr, p.stderr
-    assert snapshot(existing_run) == before
+    assert snapshot(existing_runs) == before
 
 
 # ---- the pinned run: what training does, against committed numbers ------------------------------
-# Two runs of train.py (the baseline, and unified with its weight decay) for PINNED_STEPS steps on a
-# fixed seed; their losses at every step and a checksum of their final weights are compared with
-# tests/pinned_run.json. Any change to the step, the schedule, the init or the data order moves
-# them.
-# The runs are in float64 (--dtype=float64), where rounding stays far below what Adam could amplify
-# into a visible step. Tolerance: relative 1e-9. Measured spread of these numbers across
-# ATEN_CPU_CAPABILITY=default|avx2|avx512 and OMP_NUM_THREADS=1|2 (issue 29): losses within 3e-16,
-# weights within 3e-16 but for unified's Input-Norm betas (their gradient is rounding noise under
-# DNP, which Adam turns into steps), within 2.3e-13; a 0.1% shrink of every weight after each step,
-# the smallest change this must catch, moves them by more than 1e-2.
-# Updating the numbers is a deliberate act: `python tests/test_train.py --repin`, and say why in the
-# commit message.
+# The baseline and unified (with its weight decay) for PINNED_STEPS steps on a fixed seed: every
+# step's loss and the sum of squares of each final weight (positive, so a relative tolerance means
+# the same for every tensor, and one that moved is named) against tests/pinned_run.json. Any change
+# to the step, the schedule, the init or the data order moves them. In float64 (--dtype=float64),
+# where rounding stays far below what Adam could amplify into a visible step. Tolerance: relative
+# 1e-9. Measured spread across ATEN_CPU_CAPABILITY=default|avx2|avx512 and OMP_NUM_THREADS=1|2
+# (issue 29): losses within 3e-16, weights within 3e-16 but for unified's Input-Norm betas (their
+# gradient is rounding noise under DNP, which Adam turns into steps), within 2.3e-13; a 0.1% shrink
+# of every weight after each step, the smallest change this must catch, moves them by more than
+# 1e-2. Updating the numbers is a deliberate act: `python tests/test_train.py --repin`, and say why
+# in the commit message.
 PINNED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pinned_run.json")
 PINNED_STEPS = 30
 PINNED_RUNS = {"baseline": [],
                "unified": [f"--{k}={v}" for k, v in VARIANTS["unified"].items()]}
 
 
-def pinned_args(out):
-    return [f"--out_dir={out}", f"--max_iters={PINNED_STEPS}", f"--eval_interval={PINNED_STEPS}",
-            "--seed=7", "--dtype=float64"]
-
-
-def checksum(state):
-    """The sum of squares of each weight, in float64: positive, so a relative tolerance means the
-    same for every tensor, and one that moved is named."""
-    return {k: v.double().pow(2).sum().item() for k, v in state.items()}
-
-
 def pinned_numbers(wd):
-    """{run: {"losses": [...], "weights": checksum}}, the runs started together (two cores)."""
-    procs = {name: start(wd, *pinned_args(f"out_pin_{name}"), *args)
-             for name, args in PINNED_RUNS.items()}
-    numbers = {}
-    for name, p in procs.items():
+    """{run: {"losses": [...], "weights": {name: sum of squares}}}, the runs started together."""
+    procs = [start(wd, f"--out_dir=out_pin_{name}", f"--max_iters={PINNED_STEPS}",
+                   f"--eval_interval={PINNED_STEPS}", "--seed=7", "--dtype=float64", *args)
+             for name, args in PINNED_RUNS.items()]
+    for p in procs:
         finish(p)
-        losses = [r["loss"] for r in records(wd, f"out_pin_{name}", "train")]
-        numbers[name] = {"losses": losses,
-                         "weights": checksum(final_state(wd, f"out_pin_{name}")["model"])}
-    return numbers
+    return {name: {"losses": [r["loss"] for r in records(wd, f"out_pin_{name}", "train")],
+                   "weights": {k: v.double().pow(2).sum().item() for k, v in
+                               final_state(wd, f"out_pin_{name}")["model"].items()}}
+            for name in PINNED_RUNS}
 
 
 def test_training_matches_the_pinned_run(workdir):
     with open(PINNED) as f:
         pinned = json.load(f)
     if pinned["torch"] != torch.__version__:
-        pytest.skip(f"the pinned numbers were computed with torch {pinned['torch']}, "
-                    f"this is {torch.__version__}: "
-                    "repin with `python tests/test_train.py --repin` if this version is the new "
-                    "reference")
+        pytest.skip(f"the pinned numbers were computed with torch {pinned['torch']}, this is "
+                    f"{torch.__version__}: repin with `python tests/test_train.py --repin` if "
+                    "this version is the new reference")
     got = pinned_numbers(workdir)
     for name, want in pinned["runs"].items():
         assert len(got[name]["losses"]) == PINNED_STEPS, name
