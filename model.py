@@ -174,11 +174,7 @@ class GPTConfig:
     # each expert's SwiGLU width; 0: hidden / (k + shared), rounded up to 32 (dense's active size)
     moe_hidden: int = 0
     moe_dense_layers: int = 0    # the first N layers keep the dense SwiGLU (1: "all but the first")
-    moe_router: str = "softmax"  # "softmax" | "sigmoid" scores; k > 1 gates renormalized to sum 1
-    # "bias": DeepSeek-V3's expert bias (MoE.update_bias) | "aux": the Switch Transformer's loss
-    moe_balance: str = "bias"
-    moe_bias_rate: float = 1e-3  # expert-bias step per update
-    moe_aux_weight: float = 0.01  # weight of the auxiliary loss (moe_balance="aux")
+    moe_bias_rate: float = 1e-3  # DeepSeek-V3's balancing: the expert bias's step (0: none)
 
     def __post_init__(self):
         for flag, table in (("sv_placement", PLACEMENTS), ("sv_reparam", REPARAMS),
@@ -485,9 +481,6 @@ class GPT(nn.Module):
         loss = None
         if targets is not None:   # padded rows take part in the softmax and learn to stay low
             loss = cross_entropy(logits.flatten(0, 1), targets.flatten())
-            if self.training and c.n_experts and c.moe_balance == "aux":
-                aux = sum(m.aux_loss for m in self.modules() if isinstance(m, MoE))
-                loss = loss + c.moe_aux_weight * aux
         return logits[..., : c.vocab_size], loss
 
     # ---- scale vectors: where each acts, decay groups, folding -----------------------------------
@@ -700,20 +693,14 @@ def check_moe(c):
     check(0 <= c.moe_dense_layers < c.n_layer,
           f"moe_dense_layers must be between 0 and n_layer-1={c.n_layer - 1} "
           f"(some layer must be MoE), not {c.moe_dense_layers}")
-    check(c.moe_router in ("softmax", "sigmoid"),
-          f"moe_router must be 'softmax' or 'sigmoid', not {c.moe_router!r}")
-    check(c.moe_balance in ("bias", "aux"),
-          f"moe_balance must be 'bias' or 'aux', not {c.moe_balance!r}")
-    check(c.moe_bias_rate >= 0 and c.moe_aux_weight >= 0,
-          "moe_bias_rate and moe_aux_weight must be >= 0")
+    check(c.moe_bias_rate >= 0, f"moe_bias_rate must be >= 0, not {c.moe_bias_rate}")
 
 
 class MoE(nn.Module):
     """Mixture-of-Experts FFN: each token goes through the top-k of E routed SwiGLU experts,
-    weighted by gates renormalized to sum to 1 (k > 1), plus the shared experts; no token is
-    dropped. Router in at least fp32. Balance: DeepSeek-V3's expert bias (it changes which experts
-    are chosen, not the gates; update_bias) or the Switch Transformer's auxiliary loss
-    (self.aux_loss, added by GPT). Scale vectors: one Input-Norm vector g_ffn (self.g_in) shared by
+    weighted by their softmax scores renormalized to sum to 1 (k > 1), plus the shared experts; no
+    token is dropped. Router in at least fp32. Balance: DeepSeek-V3's expert bias, which changes
+    which experts are chosen, not the gates (update_bias; no auxiliary loss). Scale vectors: one Input-Norm vector g_ffn (self.g_in) shared by
     router and experts; under HG the router and every expert's gate and up own theirs (DESIGN.md);
     DP and DNP apply per expert. The experts' weights are stacked (E, ...) tensors, so an expert
     that gets no token still takes part in autograd (a zero gradient) and DDP needs no
@@ -722,8 +709,7 @@ class MoE(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         d, E, h, hg = cfg.n_embd, cfg.n_experts, cfg.expert_hidden, cfg.sv_hetero
-        self.E, self.k, self.router_fn = E, cfg.n_experts_active, cfg.moe_router
-        self.balance, self.bias_rate = cfg.moe_balance, cfg.moe_bias_rate
+        self.E, self.k, self.bias_rate = E, cfg.n_experts_active, cfg.moe_bias_rate
         maps = ("router", "experts", "shared.gate_up")[:3 if cfg.n_shared_experts else 2]
         self.g_in = (ScaleVector(1, d, cfg, tuple((f"{m}.weight", "columns") for m in maps))
                      if cfg.scale_vectors and not hg else None)
@@ -736,7 +722,7 @@ class MoE(nn.Module):
         self.register_buffer("expert_bias", torch.zeros(E))   # checkpointed with the weights
         # assignments per expert since the last update: not a buffer, DDP would overwrite it with
         # rank 0's
-        self.load, self.last_load, self.aux_loss = None, None, None
+        self.load, self.last_load = None, None
         # "loop" | "grouped" (torch._grouped_mm); None: grouped on CUDA in bf16, else loop
         self.impl = None
 
@@ -747,7 +733,7 @@ class MoE(nn.Module):
             W = self.router.effective_weight(self.g_in() if self.g_in is not None else None)
             acc = torch.promote_types(x.dtype, torch.float32)   # float32, or float64
             logits = F.linear(x.to(acc), W.to(acc))
-        scores = logits.softmax(-1) if self.router_fn == "softmax" else logits.sigmoid()
+        scores = logits.softmax(-1)
         # the bias only chooses
         ids = torch.topk(scores + self.expert_bias.float(), self.k, dim=-1).indices
         # top-1 keeps its score (Switch): a gate fixed to 1 would not train the router
@@ -757,7 +743,7 @@ class MoE(nn.Module):
     def forward(self, xn):
         x = xn.reshape(-1, xn.size(-1))                # (B, T, d) -> (N, d)
         N, k, E = x.size(0), self.k, self.E
-        ids, gates, scores = self.route(x)
+        ids, gates, _ = self.route(x)
         g_in = self.g_in() if self.g_in is not None else None
         flat = ids.flatten()                           # N * k assignments, token-major
         order = flat.argsort(stable=True)              # sorted by expert
@@ -770,8 +756,8 @@ class MoE(nn.Module):
         out = (y * gates.unsqueeze(-1)).sum(1)
         if self.shared is not None:
             out = out + self.shared(x, g_in)
-        if self.training:
-            self.count(counts, scores)
+        if self.training:   # counted in each training forward, applied after the optimizer step
+            self.load = counts.float() if self.load is None else self.load + counts
         return out.view(xn.shape).type_as(xn)
 
     def run_experts(self, xs, expert, counts, W):
@@ -795,30 +781,21 @@ class MoE(nn.Module):
             y.append(F.linear(swiglu(h), De))
         return torch.cat(y)
 
-    # ---- load balancing: counted in each training forward, applied after each optimizer step ----
-
-    def count(self, counts, scores):
-        self.load = counts.float() if self.load is None else self.load + counts
-        if self.balance == "aux":
-            # Switch: E * sum_i f_i P_i, f: fraction of assignments, P: mean probability
-            N = scores.size(0)
-            P = (scores / scores.sum(-1, keepdim=True)).mean(0)
-            self.aux_loss = self.E * (counts.float() / (N * self.k) * P).sum()
+    # ---- load balancing ----------------------------------------------------------------------
 
     @torch.no_grad()
     def update_bias(self, reduce=None):
         """DeepSeek-V3 (arXiv:2412.19437, 2.1.2): an expert that got more assignments than the mean
-        since the last call is made less likely to be chosen, by bias_rate (moe_balance="bias");
-        records the load for stats() in either mode. `reduce(t)` sums t over processes in place."""
+        since the last call is made less likely to be chosen, by bias_rate; records the load for
+        stats(). `reduce(t)` sums t over processes in place."""
         if self.load is None:
             return
         load, self.load = self.load, None
         if reduce is not None:
             reduce(load)
         self.last_load = load / load.sum().clamp(min=1)
-        if self.balance == "bias":
-            step = torch.sign(load.mean() - load)
-            self.expert_bias += self.bias_rate * (step - step.mean())   # centred: no drift
+        step = torch.sign(load.mean() - load)
+        self.expert_bias += self.bias_rate * (step - step.mean())   # centred: no drift
 
     def stats(self):
         """{"load": fraction of the assignments per expert, "cv": std / mean of it} at the last

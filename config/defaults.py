@@ -114,8 +114,7 @@ TRAIN_RULES = {
     "sv_dnp_width": key_of(DNP_WIDTHS, "DNP_WIDTHS"),
     "n_experts": at_least(0), "n_experts_active": at_least(1), "n_shared_experts": at_least(0),
     "moe_hidden": at_least(0), "moe_dense_layers": at_least(0),
-    "moe_router": one_of("softmax", "sigmoid"), "moe_balance": one_of("bias", "aux"),
-    "moe_bias_rate": at_least(0), "moe_aux_weight": at_least(0),
+    "moe_bias_rate": at_least(0),
 }
 
 

@@ -11,6 +11,4 @@ n_experts_active = 2
 n_shared_experts = 1
 moe_hidden = 384          # (2 + 1) * 384 = 1152 active FFN width per layer (the dense SwiGLU: 2048)
 moe_dense_layers = 0      # every layer is MoE; 1 keeps the first layer dense
-moe_router = 'softmax'
-moe_balance = 'bias'      # auxiliary-loss-free (DeepSeek-V3); 'aux' for the Switch loss
 moe_bias_rate = 1e-3

@@ -9,5 +9,4 @@ n_experts = 4
 n_experts_active = 2
 n_shared_experts = 1
 moe_hidden = 128
-moe_balance = 'bias'
 moe_bias_rate = 1e-3

@@ -77,8 +77,8 @@ def test_causality(name):
 
 def test_config_errors_name_the_field(monkeypatch):
     head = "sv_dnp_width='head' .* needs sv_placement='dnp'"
-    moe = [dict(n_experts=4, n_experts_active=5), dict(n_experts=4, moe_router="relu"),
-           dict(n_experts=4, moe_balance="drop"), dict(n_experts=4, moe_dense_layers=12),
+    moe = [dict(n_experts=4, n_experts_active=5), dict(n_experts=4, moe_bias_rate=-1.0),
+           dict(n_experts=4, moe_dense_layers=12),
            dict(n_experts=-1)]   # the MoE's errors name the field set last
     for kw, match in [(dict(sv_placement="post"), "sv_placement"),
                       (dict(sv_reparam="exp"), "sv_reparam"),
