@@ -3,7 +3,6 @@ runs it (signals, kills, a data file cut); checkpoint.py, dataset.py, telemetry.
 import errno
 import io
 import os
-import random
 import re
 import shutil
 import signal
@@ -47,8 +46,7 @@ def last_line(p):
 
 @pytest.mark.slow
 def test_a_stop_signal_saves_the_step_exits_0_and_a_second_trainer_is_refused(workdir):
-    """SIGTERM during the step-0 evaluation saves step 0, which the resume does not evaluate again;
-    mid-run it finishes the step and saves it; meanwhile a second trainer is refused."""
+    """At step 0 (during its evaluation, which the resume does not repeat) and mid-run."""
     run = ["--out_dir=out_term", "--max_iters=100000", "--eval_interval=100000",
            "--eval_iters=400"]   # 0.2-2 s of evaluation at step 0
     p = start(workdir, *run)
@@ -182,7 +180,7 @@ LEGACY = io.BytesIO()   # torch.save's pre-zip format, cut short in BAD_FILES
 torch.save(fake_state(1), LEGACY, _use_new_zipfile_serialization=False)
 BAD_FILES = {   # name: (the bytes of the file, or what torch.save writes; what the sentence says)
     "legacy_truncated": (LEGACY.getvalue()[:200], "it does not load"),
-    "random_bytes": (random.Random(0).randbytes(5000), "it does not load"),
+    "binary": (bytes(range(256)) * 20, "it does not load"),
     "text": (b"hello world\n" * 100, "it does not load"), "empty": (b"", "it does not load"),
     "a_tensor": (torch.ones(3), "a Tensor, not a dict"),
     "no_keys": ({"model": {}}, "optimizers is NoneType"),
@@ -232,10 +230,8 @@ def test_latest_must_name_a_checkpoint_of_its_own_folder(tmp_path, held):
 
 
 def test_a_run_folder_loses_only_its_own_files_and_a_run_only_when_told(tmp_path):
-    """keep_checkpoints counts this run's by iteration (an older run's higher-numbered ones take no
-    slot; past 9,999,999 by number; a folder named g[1] is only itself). Issue 39.1: a folder with
-    only a run's metrics.jsonl holds a run too; told, a scratch run removes exactly the run's
-    checkpoints, `latest`, metrics and a dead writer's temporary checkpoint."""
+    """keep_checkpoints counts this run's by iteration (an older run's take no slot; a folder named
+    g[1] is only itself). Issue 39.1: a folder with only a run's metrics.jsonl holds a run too."""
     for step in (100, 200):
         torch.save(fake_state(step), tmp_path / f"ckpt_{step:07d}.pt")
     for step in (1, 2, 3):
@@ -245,7 +241,7 @@ def test_a_run_folder_loses_only_its_own_files_and_a_run_only_when_told(tmp_path
     assert checkpoint.candidates(tmp_path)[:2] == [str(tmp_path / f"ckpt_000000{i}.pt")
                                                    for i in (3, 2)]
     for odd, other in (("g[1]", "g1"), ("x*", "xy")):
-        for step in (9_999_999, 10_000_000, 10_000_001):
+        for step in (9_999_999, 10_000_000, 10_000_001):   # past 7 digits: by number
             checkpoint.save(tmp_path / other, fake_state(step), step, keep=5)
             checkpoint.save(tmp_path / odd, fake_state(step), step, keep=2)
         assert len(checkpoint.checkpoints(tmp_path / other)) == 3
@@ -284,7 +280,7 @@ def test_the_lock_and_metrics_are_never_written_through_a_link(tmp_path):
 
 
 class FullDisk(io.FileIO):
-    """A file whose writes fail with `code` (ENOSPC: a full disk) after `room` bytes."""
+    """A file whose writes fail with errno `code` after `room` bytes, as on a full disk."""
     room, code = 0, errno.ENOSPC
 
     def write(self, b):
