@@ -55,3 +55,15 @@ def test_no_crossing_no_script_importing_or_parsing_a_script_no_cycle_at_most_fo
         with open(os.path.join(ROOT, MODULES[name])) as f:
             src = f.read()
         assert "ast.parse(" not in src and "literal_eval(" not in src, f"{name} parses source code"
+
+
+def test_the_cores_tests_import_neither_tools_nor_study():
+    """Issue 37: tests/*.py test the core alone (a fork may delete tools/ and study/); what tests a
+    tool or the study lives in tests/tools/ or tests/study/."""
+    for f in sorted(os.listdir(os.path.join(ROOT, "tests"))):
+        if f.endswith(".py"):
+            with open(os.path.join(ROOT, "tests", f)) as src:
+                nodes = list(ast.walk(ast.parse(src.read())))
+            names = {a.name for n in nodes if isinstance(n, ast.Import) for a in n.names}
+            names |= {n.module for n in nodes if isinstance(n, ast.ImportFrom) and n.module}
+            assert not [m for m in names if m.split(".")[0] in ("tools", "study")], f
