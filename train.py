@@ -366,7 +366,7 @@ while True:
                      "maps": telemetry.preconditioning(raw_model, before, sgd)})
         before = None
 
-    if iter_num % log_interval == 0 or iter_num == start_iter + 1:   # a first line at once
+    if iter_num % log_interval == 0 or iter_num in (start_iter + 1, max_iters):   # first, last
         if ddp:
             dist.all_reduce(step_loss, op=dist.ReduceOp.AVG)
         loss_f = step_loss.item()   # waits for the device: only once per log interval
