@@ -811,36 +811,6 @@ REPORTS = {"lr": lr_report, "scaling": scaling_report, "default": default_report
            "repeat": repeat_report, "tuned": tuned_report, "decay": decay_report}
 
 
-# ---- wall-clock efficiency from the curves (BENCHMARKS.md) -------------------------------------
-def time_to_loss(results, variant, reference="baseline", step_time_ratio=1.0):
-    """Wall-clock efficiency of `variant` against `reference` from a grid's curves ({variant: {seed:
-    result}}, as grid_results returns them): the step at which the seed-mean validation curve of
-    `variant` first reaches the reference's final seed-mean loss (linear between evaluations), the
-    token efficiency (the reference's steps over those), and the wall-clock efficiency (the same
-    over step_time_ratio, the variant's step time over the reference's, from bench.py
-    --interleave=True). None for the steps if it never gets there."""
-    def mean_curve(name):
-        curves = [dict(r["curve"]) for r in results[name].values()]
-        steps = sorted(set.intersection(*(set(c) for c in curves)))   # evaluations every seed has
-        return steps, [float(np.mean([c[s] for c in curves])) for s in steps]
-
-    ref_steps, ref_loss = mean_curve(reference)
-    target, steps, loss = ref_loss[-1], *mean_curve(variant)
-    reached = None
-    for i, (s, l) in enumerate(zip(steps, loss)):
-        if l <= target:
-            if i == 0:
-                reached = s
-            else:   # linear between the evaluation before and this one
-                s0, l0 = steps[i - 1], loss[i - 1]
-                reached = s0 + (s - s0) * (l0 - target) / (l0 - l)
-            break
-    tokens = ref_steps[-1] / reached if reached else None
-    wallclock = tokens / step_time_ratio if tokens else None
-    return {"target_loss": target, "reference_steps": ref_steps[-1], "steps": reached,
-            "token_efficiency": tokens, "wallclock_efficiency": wallclock}
-
-
 # ---- the code each result came from ------------------------------------------------------------
 def code_id(code):
     """The label two runs of the same code share: the "id" of reproduce.code_version(); an older

@@ -1,5 +1,5 @@
 """study/report.py on made-up numbers: paired statistics, the claim rule, tuned pairs, the grids'
-reports, time to a loss. The committed grids' summaries: test_reproduce.py."""
+reports. The committed grids' summaries: test_reproduce.py."""
 import statistics
 
 import pytest
@@ -137,18 +137,3 @@ def test_the_budget_fit_recovers_a_power_law_and_inverts_it():
     assert fit == pytest.approx((E, A, alpha), abs=0.01)   # alpha on a grid of step 0.01
     assert report.budget_needed((E, A, alpha), E + A * 1.3 ** -alpha) == pytest.approx(1.3)
     assert report.budget_needed((E, A, alpha), E - 0.01) == float("inf")   # below the asymptote
-
-
-def test_time_to_loss_interpolates_the_seed_mean_curves():
-    """Seed means: the baseline 4, 2, 1 (its final loss, 1, the target); unified 4, 1.5, 0.8:
-    there at 100 + 100 * 0.5 / 0.7. noscale never gets there."""
-    runs = lambda *curves: {s: {"curve": c} for s, c in enumerate(curves, 1)}   # noqa: E731
-    results = {"baseline": runs([[0, 4], [100, 2.5], [200, 1.25]],
-                                [[0, 4], [100, 1.5], [200, 0.75]]),
-               "unified": runs([[0, 4], [100, 1.5], [200, 0.8]]),
-               "noscale": runs([[0, 4], [200, 1.1]])}
-    r = report.time_to_loss(results, "unified", step_time_ratio=1.25)
-    assert (r["target_loss"], r["reference_steps"]) == (1.0, 200)
-    assert r["steps"] == pytest.approx(100 + 100 * 0.5 / 0.7)
-    assert r["wallclock_efficiency"] == pytest.approx(200 / r["steps"] / 1.25)
-    assert report.time_to_loss(results, "noscale")["token_efficiency"] is None
