@@ -46,7 +46,8 @@ def last_line(p):
 
 @pytest.mark.slow
 def test_a_stop_signal_saves_the_step_exits_0_and_a_second_trainer_is_refused(workdir):
-    """At step 0 (during its evaluation, which the resume does not repeat) and mid-run."""
+    """SIGTERM at step 0 (during its evaluation, which the resume does not repeat), SIGINT (a
+    Ctrl-C) mid-run."""
     run = ["--out_dir=out_term", "--max_iters=100000", "--eval_interval=100000",
            "--eval_iters=400"]   # 0.2-2 s of evaluation at step 0
     p = start(workdir, *run)
@@ -57,7 +58,7 @@ def test_a_stop_signal_saves_the_step_exits_0_and_a_second_trainer_is_refused(wo
     wait_for(lambda: len(records(workdir, "out_term", "train")) >= 3)
     second = train(workdir, "--out_dir=out_term", "--overwrite=True", check=False)
     assert f"out_dir out_term is in use by another process (pid {p.pid})" in last_line(second)
-    p.send_signal(signal.SIGTERM)
+    p.send_signal(signal.SIGINT)
     out = finish(p).stdout
     steps = len(records(workdir, "out_term", "train"))
     path, state = checkpoint.load_latest(workdir / "out_term")
