@@ -117,8 +117,11 @@ def sample_run(workdir):
 
 def started(wd, until, *args):
     """sample.py on out_sample, started, and its first output: read until until(output)."""
+    # SIGINT at its default in the child: a shell's background job (`pytest ... &`) starts with it
+    # ignored, and Python then raises no KeyboardInterrupt
     s = subprocess.Popen([*SAMPLE, *args], cwd=wd, env=ENV, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE)
+                         stderr=subprocess.PIPE,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     out = b""
     while not until(out):
         chunk = s.stdout.read1(1 << 16)
