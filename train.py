@@ -133,7 +133,7 @@ def eval_batches(split, full=False):
         targets = min(len(splits[split]), len(splits["val"])) - 1
         starts = np.arange(targets // block_size) * block_size
         # a GPU's inference forward takes more rows than a training micro-batch; a CPU's is fastest
-        # at about one (more leave its cache: 256 x 64 tokens a batch took 1.3x as long as 12 x 64)
+        # at about one (more leave its cache: on one thread, 256 x 64 took 1.3x as long as 12 x 64)
         rows = batch_size if device_type == "cpu" else max(batch_size, 2 ** 14 // block_size)
     for k in range(rank * rows, len(starts), world_size * rows):
         yield batch(split, starts[k : k + rows])
