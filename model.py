@@ -700,11 +700,11 @@ class MoE(nn.Module):
     """Mixture-of-Experts FFN: each token goes through the top-k of E routed SwiGLU experts,
     weighted by their softmax scores renormalized to sum to 1 (k > 1), plus the shared experts; no
     token is dropped. Router in at least fp32. Balance: DeepSeek-V3's expert bias, which changes
-    which experts are chosen, not the gates (update_bias; no auxiliary loss). Scale vectors: one Input-Norm vector g_ffn (self.g_in) shared by
-    router and experts; under HG the router and every expert's gate and up own theirs (DESIGN.md);
-    DP and DNP apply per expert. The experts' weights are stacked (E, ...) tensors, so an expert
-    that gets no token still takes part in autograd (a zero gradient) and DDP needs no
-    find_unused_parameters."""
+    which experts are chosen, not the gates (update_bias; no auxiliary loss). Scale vectors: one
+    Input-Norm vector g_ffn (self.g_in) shared by router and experts; under HG the router and
+    every expert's gate and up own theirs (DESIGN.md); DP and DNP apply per expert. The experts'
+    weights are stacked (E, ...) tensors, so an expert that gets no token still takes part in
+    autograd (a zero gradient) and DDP needs no find_unused_parameters."""
 
     def __init__(self, cfg):
         super().__init__()

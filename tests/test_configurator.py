@@ -142,7 +142,8 @@ TABLE_KEYS = {   # issue 39.2: "must be a key of model.PLACEMENTS" named the tab
     "--warmup_iters=-1", "--max_iters=-1", "--dataset=..", "--dataset=a/b", "--seed=-1",
     "--seed=9223372036854775808", "--mlp_hidden=-1", "--rope_theta=0", "--norm_eps=0",
     "--n_experts=-1", "--n_experts_active=0", "--moe_hidden=-32", "--moe_bias_rate=-1",
-    "--n_shared_experts=-1", "--moe_dense_layers=-1", "--lr_decay_iters=-1", "--sv_decay=-2", *TABLE_KEYS])
+    "--n_shared_experts=-1", "--moe_dense_layers=-1", "--lr_decay_iters=-1", "--sv_decay=-2",
+    *TABLE_KEYS])
 def test_a_value_out_of_range_is_one_sentence_naming_key_value_and_range(arg):
     key, _, raw = arg[2:].partition("=")
     with pytest.raises(ConfigError) as e:
