@@ -67,3 +67,12 @@ def test_the_cores_tests_import_neither_tools_nor_study():
             names = {a.name for n in nodes if isinstance(n, ast.Import) for a in n.names}
             names |= {n.module for n in nodes if isinstance(n, ast.ImportFrom) and n.module}
             assert not [m for m in names if m.split(".")[0] in ("tools", "study")], f
+
+
+def test_every_line_of_python_is_at_most_100_characters():
+    folders = [ROOT] + [os.path.join(ROOT, d) for d in ("config", "tools", "study", "tests",
+                                                         "tests/tools", "tests/study")]
+    files = [os.path.join(d, f) for d in folders for f in os.listdir(d) if f.endswith(".py")]
+    long = [f"{f}:{i}" for f in files for i, line in enumerate(open(f, encoding="utf-8"), 1)
+            if len(line.rstrip("\n")) > 100]
+    assert not long, long
