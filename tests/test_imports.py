@@ -16,15 +16,19 @@ MODULES = {f[:-3]: f for f in os.listdir(ROOT) if f.endswith(".py")} | {
     and (d != "config" or f in ("defaults.py", "variants.py"))}
 
 
-def imports(name):
-    """The project's modules that `name` imports anywhere in its file (top, functions, lazily):
-    `from study import grids` imports study.grids; `from model import GPT`, model."""
-    with open(os.path.join(ROOT, MODULES[name])) as f:
+def imported(path):
+    """Every dotted name the file at `path` imports anywhere (top, functions, lazily):
+    `from study import grids` imports study and study.grids."""
+    with open(os.path.join(ROOT, path)) as f:
         nodes = list(ast.walk(ast.parse(f.read())))
     found = {a.name for n in nodes if isinstance(n, ast.Import) for a in n.names}
-    found |= {m for n in nodes if isinstance(n, ast.ImportFrom) and n.module and n.level == 0
-              for m in (n.module, *(f"{n.module}.{a.name}" for a in n.names))}
-    return found & MODULES.keys() - {name}
+    return found | {m for n in nodes if isinstance(n, ast.ImportFrom) and n.module and n.level == 0
+                    for m in (n.module, *(f"{n.module}.{a.name}" for a in n.names))}
+
+
+def imports(name):
+    """The project's modules that `name` imports: `from model import GPT` imports model."""
+    return imported(MODULES[name]) & MODULES.keys() - {name}
 
 
 def floors(g, m, path=()):
@@ -62,10 +66,7 @@ def test_the_cores_tests_import_neither_tools_nor_study():
     tool or the study lives in tests/tools/ or tests/study/."""
     for f in sorted(os.listdir(os.path.join(ROOT, "tests"))):
         if f.endswith(".py"):
-            with open(os.path.join(ROOT, "tests", f)) as src:
-                nodes = list(ast.walk(ast.parse(src.read())))
-            names = {a.name for n in nodes if isinstance(n, ast.Import) for a in n.names}
-            names |= {n.module for n in nodes if isinstance(n, ast.ImportFrom) and n.module}
+            names = imported(os.path.join("tests", f))
             assert not [m for m in names if m.split(".")[0] in ("tools", "study")], f
 
 
