@@ -1,6 +1,5 @@
 """What test modules share (they import it from here, never from each other): ROOT, the tiny
-config, config/variants.py's VARIANTS as models, the models each table entry is built as, the
-decay rule, a Llama forward, train.py in a subprocess."""
+config, the named variants as models, the models of each table entry, a Llama forward, train.py."""
 import json
 import math
 import os
@@ -58,8 +57,7 @@ def flag_values(flag):
 
 def accepted(kw):
     try:
-        model_py.GPTConfig(**{**TINY, **kw})
-        return True
+        return bool(model_py.GPTConfig(**{**TINY, **kw}))
     except ValueError:
         return False
 
@@ -96,8 +94,7 @@ def entries():
 
 
 def vectors(model):
-    return {n: m for n, m in model.named_modules()
-            if isinstance(m, model_py.ScaleVector)}
+    return {n: m for n, m in model.named_modules() if isinstance(m, model_py.ScaleVector)}
 
 
 def tokens(B=3, T=16, seed=1):
@@ -105,30 +102,22 @@ def tokens(B=3, T=16, seed=1):
     return torch.randint(0, TINY["vocab_size"], (B, T), generator=g)
 
 
-def randomize_scale_vectors(model, seed=2):
-    """Every scale-vector parameter moved away from its init, so that folding has work to do."""
+def randomize_scale_vectors(model, seed=2, names=None):
+    """Scale vectors (all, or those named) moved away from their init: folding has work to do."""
     g = torch.Generator().manual_seed(seed)
-    vectors = [p for m in model.modules() if isinstance(m, model_py.ScaleVector)
-               for p in m.parameters()]
     with torch.no_grad():
-        for p in vectors:
-            p.add_(0.5 * torch.randn(p.shape, generator=g))
+        for name in vectors(model) if names is None else names:
+            for p in model.get_submodule(name).parameters():
+                p.add_(0.5 * torch.randn(p.shape, generator=g))
 
 
 def declared_class(model, name):
-    """A parameter's class as its module declares it: 'matrix', or for a scale vector 'sv_final'
-    (g_final: it folds into the head), 'sv_output' where its ScaleVector says a Norm stands between
-    (AFTER_NORM), else 'sv_input'. Folding checks declarations (test_variant_tables), not this."""
+    """A parameter's class as its module declares it: 'matrix'; for a scale vector 'sv_final'
+    (g_final), 'sv_output' (AFTER_NORM: a Norm stands between), else 'sv_input'."""
     holder = model.get_submodule(name.rpartition(".")[0])
     return ("matrix" if not isinstance(holder, model_py.ScaleVector) else "sv_final"
             if holder is model.g_final else "sv_output"
             if holder.folds_into == model_py.AFTER_NORM else "sv_input")
-
-
-def expected_decay(model, name, policy):
-    """Decayed? Matrices, embeddings always; a vector if its policy lists its class (DESIGN.md)"""
-    cls = declared_class(model, name)
-    return cls == "matrix" or cls in model_py.DECAY_POLICIES[policy]
 
 
 def llama_forward(config, state, idx):

@@ -1,11 +1,7 @@
-"""The properties that hold for every variant and every scale vector, walked from model.py's tables
-(PLACEMENTS, REPARAMS, DECAY_POLICIES, VARIANTS) and its list of vector flags (VECTOR_FLAGS): each
-check builds its models from them and checks every ScaleVector found in each model's module tree,
-by what the vector declares (folds_into), never by its name. A new table entry, flag or location
-gets every test below with no test edit, and a failure names the entry and the vector.
-test_the_readme_checklist_on_toy_entries follows README's "Forking" checklist with toy entries and a
-toy location registered at run time; test_a_wrong_toy_location_fails_the_generic_checks shows that
-the checks catch the three silent mistakes of issue 32."""
+"""What holds for every variant and scale vector, walked from model.py's tables (PLACEMENTS,
+REPARAMS, DECAY_POLICIES) and VECTOR_FLAGS: each check builds its models from them and checks every
+ScaleVector in each model's module tree by what it declares (folds_into), never by its name, so a
+new entry, flag or location gets every test with no test edit; a failure names entry and vector."""
 import ast
 import copy
 import itertools
@@ -21,9 +17,8 @@ import torch.nn.functional as F
 import configurator
 from config import defaults as config_defaults
 import model as model_py
-from helpers import (ROOT, TINY, accepted, declared_class, defaults, entries, expected_decay,
-                     flag_values, make, model_flags, models,
-                     randomize_scale_vectors, tokens, vectors)
+from helpers import (ROOT, TINY, accepted, declared_class, defaults, entries, flag_values, make,
+                     model_flags, models, randomize_scale_vectors, tokens, vectors)
 from model import AFTER_NORM, ScaleVector
 from config.variants import VARIANTS, flags_of, named_flags, variant_of
 from config.defaults import train_config
@@ -39,10 +34,10 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def fold_here(W, g, side):
-    """W times g on its columns (W diag(g)) or rows (diag(g) W), written here: row block b of W
-    (one per row of g) times g[b]; a column-side entry covers in / width adjacent columns."""
-    blocks = W.reshape(g.size(0), -1, W.size(-1))
+def factor(W, g, side):
+    """W * factor folds g into W's columns (W diag(g)) or rows (diag(g) W), written here: row
+    block b of W (one per row of g) times g[b]; a column entry spans in / width columns."""
+    blocks = torch.ones_like(W).reshape(g.size(0), -1, W.size(-1))
     if side == "columns":
         return (blocks * g.repeat_interleave(W.size(-1) // g.size(1), 1)[:, None]).reshape(W.shape)
     return (blocks * g[:, :, None]).reshape(W.shape)
@@ -54,14 +49,9 @@ def fits(W, g, side):
             else rows % g.size(0) == 0 and W.size(-1) % g.size(1) == 0)
 
 
-def moved(model, names, seed=2):
-    """A copy of `model` with the named vectors' raw parameters moved away from their init."""
+def moved(model, names):
     out = copy.deepcopy(model)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name in names:
-            for p in out.get_submodule(name).parameters():
-                p.add_(0.5 * torch.randn(p.shape, generator=gen))
+    randomize_scale_vectors(out, names=names)
     return out
 
 
@@ -75,10 +65,6 @@ def folded(model, factors):
             W = out.get_parameter(key)
             setattr(out.get_submodule(holder), pname, nn.Parameter(W * factor))
     return out
-
-
-def factor(W, g, side):
-    return fold_here(torch.ones_like(W), g, side)
 
 
 def declared_weights(name, sv):
@@ -130,20 +116,23 @@ def check_the_matrices_share_the_baseline_init(reparam, placement):
                 assert torch.equal(ref[k], own[k]), f"{label}: {k} is not the baseline's"
 
 
-def check_no_vector_is_inert(reparam, placement):
+def every_vector_trains(model, label):
     """Every trained parameter of every scale vector moves the loss at init."""
+    model(tokens(), tokens(seed=5))[1].backward()
+    for name, sv in vectors(model).items():
+        for pname, p in sv.named_parameters():
+            assert p.grad is not None and p.grad.abs().max() > 0, \
+                f"{label}: {name}.{pname} gets no gradient (an inert vector)"
+
+
+def check_no_vector_is_inert(reparam, placement):
     for label, kw in models(reparam, placement):
-        model = make(**kw)
-        model(tokens(), tokens(seed=5))[1].backward()
-        for name, sv in vectors(model).items():
-            for pname, p in sv.named_parameters():
-                assert p.grad is not None and p.grad.abs().max() > 0, \
-                    f"{label}: {name}.{pname} gets no gradient (an inert vector)"
+        every_vector_trains(make(**kw), label)
 
 
 def check_folding(reparam, placement):
     """Paper 2.2, checked on what each vector declares. A vector that says it folds does: moved
-    away from 1 it moves the logits, and folded into the weights it names (by fold_here, not by
+    away from 1 it moves the logits, and folded into the weights it names (by factor, not by
     model.py) it gives them back. One that says a Norm stands between folds into no weight of the
     model (every weight and side its shape fits is tried; for reparam 'none', since what a vector
     declares does not depend on how g is parameterized). fold_scale_vectors reproduces the logits,
@@ -225,7 +214,8 @@ def check_decay_groups(reparam, placement, policy):
             f"{sorted(set(names.values()) ^ set(grouped)) or 'some twice'}")
         for g in groups:
             for p in g["params"]:
-                name, want = names[id(p)], expected_decay(model, names[id(p)], policy)
+                name = names[id(p)]   # matrices, embeddings always; a vector if its class is listed
+                want = declared_class(model, name) in ("matrix", *model_py.DECAY_POLICIES[policy])
                 assert (g["weight_decay"] > 0) == want, (
                     f"{label}, sv_weight_decay={policy!r}: {name} is "
                     f"{'not ' if want else ''}meant to be decayed, its group {g['name']!r} has "
@@ -358,7 +348,7 @@ def flag_configs():
     return [kw for kw in combos if accepted(kw)]
 
 
-def check_no_flag_is_inert():
+def test_no_flag_is_inert():
     """Set away from its default, each flag of the list (and scale_vectors) changes the model's
     parameters (names, shapes) or its function at init, in every combination GPTConfig takes; a
     combination that changes neither must be refused in one sentence (GPTConfig.__post_init__)."""
@@ -381,11 +371,7 @@ def check_no_flag_is_inert():
                 f"{base}: GPTConfig must refuse it")
 
 
-def test_no_flag_is_inert():
-    check_no_flag_is_inert()
-
-
-def check_every_vector_flag_is_listed():
+def test_every_vector_flag_is_listed():
     """A bool GPTConfig field outside model.VECTOR_FLAGS (and scale_vectors) adds no scale vector:
     the generic tests build their models from that list, so a flag missing from it would go
     untested."""
@@ -397,10 +383,6 @@ def check_every_vector_flag_is_listed():
         if accepted(flipped):
             assert vectors(make(**flipped)).keys() == vectors(make()).keys(), (
                 f"{f.name} adds or changes scale vectors: list it in model.VECTOR_FLAGS")
-
-
-def test_every_vector_flag_is_listed():
-    check_every_vector_flag_is_listed()
 
 
 # ---- the README checklist, followed mechanically ------------------------------------------------
@@ -467,8 +449,8 @@ def test_the_readme_checklist_on_toy_entries(monkeypatch):
                            config_defaults.TRAIN_RULES)
     for reparam, placement in (("none", "pre"), ("er", "dp"), ("none", "dnp")):
         check_all(reparam, placement)
-    check_no_flag_is_inert()
-    check_every_vector_flag_is_listed()
+    test_no_flag_is_inert()
+    test_every_vector_flag_is_listed()
     assert any(".attn.gate" in n for n in vectors(make(sv_headgate=True)))
 
 
@@ -569,16 +551,6 @@ def test_a_config_file_sets_the_flags_of_its_name(config):
         f"config/{config} does not set the flags of model.VARIANTS[{name!r}]"
 
 
-NOT_VARIANTS = ("shakespeare_char",)   # the quick start's config, the baseline of another name
-
-
-def test_every_config_file_is_a_named_variant():
-    """A config named after no variant would be size-checked only (tests/test_configs.py)."""
-    names = [f[:-3] for f in os.listdir(os.path.join(ROOT, "config")) if f.endswith(".py")
-             and f not in ("__init__.py", "defaults.py", "variants.py")]
-    assert [n for n in names if n not in NOT_VARIANTS and f"{n}.py" not in CONFIGS] == []
-
-
 @pytest.mark.parametrize("config", CONFIGS)
 def test_no_vector_is_inert_in_a_config_files_own_model(config):
     """Issue 37.7: a vector applied only under another flag (post_norm) got no gradient in its
@@ -589,16 +561,16 @@ def test_no_vector_is_inert_in_a_config_files_own_model(config):
                                  if f.name.startswith(("n_expert", "moe_", "n_shared"))}
     kw = {k: cfg[k] for k in keep if k in defaults() and k not in ("moe_hidden",)}
     kw.update(moe_dense_layers=min(kw.get("moe_dense_layers", 0), 1), moe_hidden=32)
-    model = make(**kw)
-    model(tokens(), tokens(seed=5))[1].backward()
-    for name, sv in vectors(model).items():
-        for pname, p in sv.named_parameters():
-            assert p.grad is not None and p.grad.abs().max() > 0, \
-                f"config/{config}: {name}.{pname} gets no gradient (an inert vector)"
+    every_vector_trains(make(**kw), f"config/{config}")
 
 
-def test_every_named_variant_builds_and_has_a_char_config():
+def test_every_named_variant_builds_and_has_a_char_config_and_every_config_is_one():
     for name, flags in VARIANTS.items():
         model_py.GPTConfig(**TINY, **model_flags(flags))
         assert flags.get("sv_weight_decay", "none") in model_py.DECAY_POLICIES, name
         assert f"{name}_char.py" in CONFIGS or name.endswith(("_novec", "_noiwd")), name
+    # a config named after no variant would be size-checked only (tests/test_configs.py); the
+    # quick start's shakespeare_char is the baseline under another name
+    others = {f for f in os.listdir(os.path.join(ROOT, "config")) if f.endswith(".py")}
+    others -= {*CONFIGS, "__init__.py", "defaults.py", "variants.py"}
+    assert others == {"shakespeare_char.py"}
