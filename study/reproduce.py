@@ -15,7 +15,7 @@ CPU grids (Tiny Shakespeare, several single-process runs at a time), from the re
                                     # seeds at the best rates
     python -m study.reproduce --grid=scaling  # 4 sizes x 4 budgets: compute efficiency, scaling
 
-Node grids (FineWeb-Edu, 124M/350M, one run at a time through torchrun on all GPUs):
+Node grids (FineWeb-Edu, 124M/350M, one run at a time through torchrun on the GPUs of one node):
 
     python -m study.reproduce --grid=node --nproc_per_node=8 --seeds=1 --dry_run   # runs, estimate
     python -m study.reproduce --grid=node --nproc_per_node=8 --tokens=2.5e9 --seeds=1
@@ -23,9 +23,9 @@ Node grids (FineWeb-Edu, 124M/350M, one run at a time through torchrun on all GP
 Stop it at any time and start it again: finished runs (result.json) are skipped, interrupted
 ones resume from their newest checkpoint (train.py --init_from=resume), failed ones are reported
 with their last log line and run again next time. No checkpoint is deleted that a record does not
-account for, and none is resumed unless its own config is the run's: a run folder whose checkpoint
-was trained with other settings (whatever its run.json says), or has none that loads, is refused in
-one sentence naming it; one without a readable run.json resumes when its checkpoint is the run's.
+account for, and none is resumed unless its run.json and its own config are the run's: a run
+folder whose checkpoint has no readable run.json, was trained with other settings (whatever its
+run.json says), or has none that loads, is refused in one sentence naming it.
 Every record (run.json, result.json, the summaries) is written to a temporary name, fsynced, then
 renamed. A folder holds one configuration: a run whose settings differ from the results already
 there is refused unless --replace (or another --results_dir); adding seeds or variants to it is
@@ -52,7 +52,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -231,11 +230,9 @@ def load_result(run_dir):
 
 def write_json(path, obj):
     """A record a later run trusts (run.json, result.json, summary.json): written to a temporary
-    name, fsynced, renamed (checkpoint.atomic_write); nodes sharing a folder never share a
-    temporary name."""
+    name, fsynced, renamed (checkpoint.atomic_write)."""
     from checkpoint import atomic_write
-    atomic_write(path, lambda f: f.write(json.dumps(obj, indent=1).encode()),
-                 tmp=f"{path}.tmp{socket.gethostname()}.{os.getpid()}")
+    atomic_write(path, lambda f: f.write(json.dumps(obj, indent=1).encode()))
 
 
 def checkpoints(run_dir):
@@ -271,24 +268,20 @@ HOW_STARTED = ("out_dir", "init_from", "overwrite", "resume_fallback")
 def run_record(v, args, run_dir):
     """What run_dir holds of an interrupted run: None when it holds no checkpoint (nothing to
     resume, nothing lost by starting afresh); its run.json ({"args", "wall_s", "code", "codes"})
-    when both it and the checkpoint's own config (train.py's arguments as it read them) are these
-    settings, or when it names others (a conflict: refuse_other_settings); a checkpoint of these
-    settings without a readable run.json (a crash as it was written, a hand run) resumes, its
-    earlier code unknown. Any other folder, e.g. a run.json of these settings over a checkpoint
-    of others (train.py run there by hand: run.json is not the truth), is {"args": None, "why":
-    words}: neither resumed nor deleted."""
+    when it names other settings (a conflict: refuse_other_settings), or these and the
+    checkpoint's own config (train.py's arguments as it read them) is these too. Any other folder
+    (no readable run.json, or a checkpoint of other settings: train.py run there by hand) is
+    {"args": None, "why": words}: neither resumed nor deleted."""
     from checkpoint import step_of
     if not any(step_of(p) is not None for p in checkpoints(run_dir)):
         return None
     state = load_json(os.path.join(run_dir, "run.json"))
-    readable = state is not None and isinstance(state.get("args"), list)
-    if readable and settings(state["args"]) != settings(args):
-        return state
-    why = checkpoint_mismatch(v, args, run_dir)
-    if why is None:
-        return state if readable else {"args": args, "wall_s": 0, "code": None, "recovered": True}
-    return {"args": None, "why": ("its run.json has this grid's settings, but " if readable
-                                  else "no readable run.json, and ") + why}
+    if state is None or not isinstance(state.get("args"), list):
+        return {"args": None, "why": "no readable run.json"}
+    why = (None if settings(state["args"]) != settings(args)
+           else checkpoint_mismatch(v, args, run_dir))
+    return state if why is None else {"args": None, "why": "its run.json has this grid's "
+                                      f"settings, but {why}"}
 
 
 def checkpoint_mismatch(v, args, run_dir):
@@ -312,8 +305,7 @@ def checkpoint_mismatch(v, args, run_dir):
     wanted = train_config(v.config, tuple(args))
     differ = [f"{k}={saved.get(k, DEFAULTS.get(k))!r}, not {x!r}" for k, x in wanted.items()
               if k not in HOW_STARTED and saved.get(k, DEFAULTS.get(k)) != x]
-    return (f"{os.path.basename(path)} was trained with {'; '.join(differ[:3])}"
-            + (f" and {len(differ) - 3} more" if len(differ) > 3 else "")) if differ else None
+    return f"{os.path.basename(path)} was trained with {'; '.join(differ)}" if differ else None
 
 
 def resumable(job):
@@ -336,13 +328,13 @@ def in_use(run_dir):
     return None
 
 
-def lock_results(out, name="lock"):
-    """Hold <out>/<name> for the life of this invocation (checkpoint.hold_lock, train.py's too): a
+def lock_results(out):
+    """Hold <out>/lock for the life of this invocation (checkpoint.hold_lock, train.py's too): a
     second reproduce.py on the folder is one sentence (it would call this one's runs FAILED and
     garble their logs); a link there is refused, not followed."""
     from checkpoint import CheckpointError, hold_lock
     try:
-        return hold_lock(os.path.join(out, name), f"results folder {out}")
+        return hold_lock(os.path.join(out, "lock"), f"results folder {out}")
     except CheckpointError as e:
         raise SystemExit(f"error: {e}") from None
 
@@ -451,9 +443,8 @@ class Runner:
         self.code, self.strict_code = code, strict_code
 
     def __call__(self, job):
-        """Train job, resuming its interrupted run if there is one; its result dict (None when the
-        run finished on another node, whose rank 0 holds the metrics). Raises RuntimeError (failed:
-        run again next time) or Interrupted (stopped: resumes next time)."""
+        """Train job, resuming its interrupted run if there is one; its result dict. Raises
+        RuntimeError (failed: run again next time) or Interrupted (stopped: resumes next time)."""
         now = code_version()
         if self.strict_code and code_id(now) != code_id(self.code):
             raise Interrupted(f"not started: the code changed since this grid started "
@@ -503,10 +494,6 @@ class Runner:
     def result(self, job, rc, wall, resume, codes, log_path):
         records = evals(job.run_dir)
         max_iters = int(arg_value(job.args, "max_iters"))
-        other_node = any(a.startswith("--node_rank=") and a != "--node_rank=0"
-                         for a in self.torchrun or [])
-        if rc == 0 and not records and other_node:
-            return None
         if not records or records[-1]["iter"] != max_iters or rc != 0:
             at = f"stopped at iteration {records[-1]['iter']}" if records else "no evaluation"
             if self.children.stop:
@@ -589,22 +576,12 @@ def parse_args(argv, grids):
                      help="runs at a time; each gets cpu_count // jobs threads")
     cpu.add_argument("--max_iters", type=int, default=MAX_ITERS)
     node = p.add_argument_group("node grids: one run at a time through torchrun, on all GPUs")
-    node.add_argument("--launcher", choices=["local", "torchrun"],
-                      help="default: torchrun for node grids, local otherwise")
     node.add_argument("--tokens", type=float,
                       help="tokens per run (default: the configs' own, 10B)")
     node.add_argument("--tokens_per_s", type=float,
                       help="the node's measured training tokens/s, for --dry_run's estimate")
     node.add_argument("--nproc_per_node", type=int, default=1,
                       help="GPUs per node: processes per run")
-    node.add_argument("--nnodes", default="1")
-    node.add_argument("--node_rank", type=int, default=0)
-    node.add_argument("--master_addr", default="127.0.0.1")
-    node.add_argument("--master_port", type=int, default=29500)
-    node.add_argument("--rdzv_backend", default="c10d")
-    node.add_argument("--rdzv_endpoint", default="",
-                      help="host:port: a rendezvous instead of --master_addr")
-    node.add_argument("--rdzv_id", default="reproduce")
     a = p.parse_args(argv)
     for key in ("seeds", "jobs", "max_iters", "nproc_per_node"):
         if getattr(a, key) < 1:
@@ -613,9 +590,6 @@ def parse_args(argv, grids):
         p.error(f"--tokens must be a positive number of tokens, not {a.tokens:g}")
     if a.max_epochs is not None and not 0 < a.max_epochs < float("inf"):
         p.error(f"--max_epochs must be a positive number of epochs, not {a.max_epochs:g}")
-    if a.dataset:
-        from dataset import dataset_dir
-        dataset_dir(a.dataset)   # a name too long for a folder: its one sentence
     a.argv = sys.argv[1:] if argv is None else argv
     return a, p
 
@@ -650,27 +624,14 @@ def check_named(spec, v):
     return v
 
 
-def torchrun_args(a):
-    """torchrun's own arguments: one node (--standalone), static multi-node, or a rendezvous."""
-    n = [f"--nproc_per_node={a.nproc_per_node}"]
-    if a.rdzv_endpoint:
-        return [*n, f"--nnodes={a.nnodes}", f"--rdzv_backend={a.rdzv_backend}",
-                f"--rdzv_endpoint={a.rdzv_endpoint}", f"--rdzv_id={a.rdzv_id}"]
-    if a.nnodes != "1":
-        return [*n, f"--nnodes={a.nnodes}", f"--node_rank={a.node_rank}",
-                f"--master_addr={a.master_addr}", f"--master_port={a.master_port}"]
-    return [*n, "--standalone"]
-
-
 class Grid:
     """One invocation's settings: where its runs go and with which arguments."""
 
     def __init__(self, a, grids):
-        # node grids (and --launcher=torchrun): torchrun on all GPUs, one run at a time, sized by
-        # --tokens
-        launcher = a.launcher or ("torchrun" if is_node_grid(grids, a.grid) else "local")
-        self.node = launcher == "torchrun"
-        self.torchrun = torchrun_args(a) if self.node else None
+        # node grids: torchrun on all GPUs of this node, one run at a time, sized by --tokens
+        self.node = is_node_grid(grids, a.grid)
+        self.torchrun = ([f"--nproc_per_node={a.nproc_per_node}", "--standalone"] if self.node
+                         else None)
         named = f"{a.grid}_{a.dataset}" if a.dataset else a.grid
         self.out = a.results_dir or os.path.join("study", "results", named)
         self.extra = shlex.split(a.extra) + ([f"--dataset={a.dataset}"] if a.dataset else [])
@@ -696,23 +657,6 @@ class Grid:
                 record = None if done else run_record(v, args, run_dir)
                 out.append(Job(v, seed, args, run_dir, done, epochs, record))
         return out
-
-
-def check_results_dir(out):
-    """The folder (or the first of its parents that exists) must be a folder, and each of its names
-    one that a folder can have."""
-    from dataset import NAME_MAX
-    long = next((n for n in out.split(os.sep) if len(os.fsencode(n)) > NAME_MAX), None)
-    if long:
-        raise SystemExit(f"error: the results folder {out[:40]}... has a name of "
-                         f"{len(os.fsencode(long))} bytes, and a folder's name is at most "
-                         f"{NAME_MAX}: pick a shorter --results_dir (or --dataset, which names it)")
-    path = os.path.abspath(out)
-    while not os.path.exists(path):
-        path = os.path.dirname(path)
-    if not os.path.isdir(path):
-        raise SystemExit(f"error: --results_dir={out}: {path} is a file, not a folder: pick "
-                         "another --results_dir")
 
 
 def conflicts(jobs):
@@ -781,10 +725,9 @@ def plan(a, g, jobs, todo):
     if g.node:
         sized = [(j.v, node_sizing(j.v.config, tuple(j.v.overrides + g.extra), g.tokens)[1])
                  for j in todo]
-        gpus = a.nproc_per_node * (int(a.nnodes) if a.nnodes.isdigit() else 1)
-        secs, how = node_estimate(sized, a.tokens_per_s, gpus, g.extra)
+        secs, how = node_estimate(sized, a.tokens_per_s, a.nproc_per_node, g.extra)
         return (f"{line}; {sum(n for _, n in sized) / 1e9:.2f}B tokens to train, one run at a "
-                f"time on {gpus} GPUs; estimate {secs / 3600:.1f} h ({how})")
+                f"time on {a.nproc_per_node} GPUs; estimate {secs / 3600:.1f} h ({how})")
     iters = [int(arg_value(j.args, "max_iters")) for j in todo]
     at_once = max(1, min(a.jobs, os.cpu_count() or 1))
     secs = sum(local_estimate(j.v, n, g.extra) for j, n in zip(todo, iters)) / at_once
@@ -817,8 +760,6 @@ class Progress:
         elif err:
             self.failed.append(job)
             print(f"{head}: FAILED ({err}); log: {job.run_dir}/train.log", flush=True)
-        elif res is None:
-            print(f"{head}: finished (its metrics are on the node of rank 0)", flush=True)
         else:
             finish(job.run_dir, res, self.keep)
             eta = (time.time() - self.t_start) / self.k * (self.n - self.k)
@@ -910,7 +851,6 @@ def main(argv=None, grids=GRIDS):
     a, parser = parse_args(argv, grids)
     full, grid = choose_variants(a, parser, grids)
     g = Grid(a, grids)
-    check_results_dir(g.out)
     jobs = g.jobs(grid, a.seeds)
     cap = a.max_epochs if a.max_epochs is not None else getattr(grids[a.grid], "max_epochs", None)
     if cap is not None and not g.node:
@@ -921,11 +861,6 @@ def main(argv=None, grids=GRIDS):
     todo = [] if a.summary_only else [j for j in jobs if not j.done]
     if todo:
         refuse_unaccounted(g.out, jobs)
-    recovered = [j.run_dir for j in todo if (j.record or {}).get("recovered")]
-    if recovered:
-        print(f"note: {len(recovered)} run(s) without a readable run.json (e.g. {recovered[0]}) "
-              "resume from their checkpoints, which were trained with this grid's settings; the "
-              "code of their first part is unknown")
     code = code_version()
     mixed = other_code(g.out, folder_codes(g.out, full, g.args_for, jobs), code) if (
         todo and not a.mixed_code) else None
@@ -943,8 +878,7 @@ def main(argv=None, grids=GRIDS):
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // a.jobs)))
     keep = a.keep_checkpoints or g.node   # a node run's model is worth keeping
     t_start, progress = time.time(), Progress(todo, keep)
-    # nodes of one multi-node grid share the folder: one lock per machine
-    lock = lock_results(g.out, "lock" if a.nnodes == "1" else f"lock.{socket.gethostname()}")
+    lock = lock_results(g.out)
     try:
         with Children().forwarding() as children:
             runner = Runner(env, children, code, not a.mixed_code, g.torchrun)
