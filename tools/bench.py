@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from config.defaults import DEFAULTS, TRAIN_RULES, help_comments
 from configurator import (ConfigError, at_least, boolean, check_device, configure, default_device,
                           keep_freed_memory, one_of)
+from dataset import load_meta
 from model import GPT, GPTConfig, peak_flops
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
@@ -149,27 +150,17 @@ class GPT2(nn.Module):
         return 6 * n + 12 * len(self.blocks) * self.wte.weight.size(1) * self.wpe.weight.size(0)
 
 
-def read_vocab(meta_path):
-    """vocab_size of a dataset's meta.json, or one ConfigError naming the file."""
-    try:
-        with open(meta_path) as f:
-            vocab = json.load(f)["vocab_size"]
-    except (OSError, ValueError, KeyError, TypeError):
-        vocab = None
-    if type(vocab) is not int or vocab < 1:
-        raise ConfigError(f"{meta_path} holds no positive integer vocab_size (torn or not a "
-                          "meta.json): prepare the dataset again with prepare_data.py")
-    return vocab
-
-
 def model_config(cfg, argv=()):
     """The GPTConfig to time, its vocabulary from data/<dataset>/meta.json (else --vocab_size).
     A --dataset named in argv must exist unless --vocab_size is given too: a misspelled name is
     no silent GPT-2 vocabulary."""
     meta_path = os.path.join("data", cfg["dataset"], "meta.json")
     given = {a[2:].partition("=")[0] for a in argv if a.startswith("--")}
-    if os.path.exists(meta_path):
-        vocab = read_vocab(meta_path)
+    if os.path.exists(meta_path):   # a torn or odd meta.json: the one sentence of load_meta
+        try:
+            vocab = load_meta(os.path.dirname(meta_path))["vocab_size"]
+        except SystemExit as e:
+            raise ConfigError(str(e).removeprefix("error: ")) from None
     elif "dataset" in given and "vocab_size" not in given:
         raise ConfigError(f"--dataset={cfg['dataset']} has no {meta_path}: check the name, "
                           "prepare it with prepare_data.py, or give --vocab_size=N to time the "

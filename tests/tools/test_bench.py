@@ -62,7 +62,7 @@ def test_configurations_side_by_side_in_one_process_or_in_fresh_ones(capsys):
 @pytest.mark.parametrize("args, words", [
     (["--optimizer=muon"], "bench.py does not use --optimizer (it times one micro-step"),
     (["--dataset=shakespeare_chr"], "--dataset=shakespeare_chr has no data/shakespeare_chr/meta"),
-    (["--dataset=bad"], "data/bad/meta.json holds no positive integer vocab_size"),
+    (["--dataset=bad"], "data/bad/meta.json is not valid JSON ("),
     (["--compare=n_head=3", "--interleave=True"], "--compare item 'n_head=3': GPTConfig"),
     (["--compare=config/missing.py"], "--compare item 'config/missing.py': config file not found"),
     (["--profile=True", "--json=True", "--interleave=True"],
@@ -71,10 +71,18 @@ def test_configurations_side_by_side_in_one_process_or_in_fresh_ones(capsys):
 def test_what_bench_would_ignore_or_cannot_use_is_one_sentence(args, words, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data" / "bad").mkdir(parents=True)
-    (tmp_path / "data" / "bad" / "meta.json").write_text('{"vocab_size": "65"}')   # not an int
+    (tmp_path / "data" / "bad" / "meta.json").write_text('{"vocab_size": 6')   # torn
     with pytest.raises(ConfigError) as e:
         bench_py.check([a for a in TINY if not a.startswith(("--vocab", "--dataset"))] + args)
     assert words in str(e.value) and "\n" not in str(e.value), e.value
     assert {k: bench_py.defaults[k] for k in DEFAULTS} == DEFAULTS   # train.py's keys, values
     assert bench_py.check([os.path.join(ROOT, "config", "baseline_124m.py"), *TINY,
                            "--optimizer=adamw"])   # a value it would not change anyway
+
+
+def test_help_teaches_the_keys_a_step_uses_and_names_those_it_refuses(capsys):   # README
+    with pytest.raises(SystemExit) as e:
+        bench_py.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert e.value.code == 0 and "--steps=20 measured steps: their median is reported" in text
+    assert "--optimizer=" not in text and "are refused): out_dir," in text
