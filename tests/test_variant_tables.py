@@ -402,7 +402,7 @@ class HeadGateConfig(model_py.GPTConfig):
 class HeadGateAttention(model_py.Attention):
     """Step 4: the vector and its declaration. W_o concat_h(a_h o_h) = (W_o diag(a repeated over a
     head's channels)) concat_h(o_h): the gate folds into W_o's columns, one entry per head."""
-    DECLARED = (("proj.weight", "columns"),)   # a wrong toy overrides one of these three
+    DECLARED = (("proj.weight", "columns"),)   # a wrong toy overrides one of these two
     INIT = None
 
     def __init__(self, cfg):
@@ -420,13 +420,13 @@ class HeadGateAttention(model_py.Attention):
         return (args[0] * self.gate().view(-1).repeat_interleave(self.hd),)
 
 
-def register_the_toy_location(monkeypatch, attention=HeadGateAttention):
-    """Steps 1-4 of the README's "new location", at run time (step 5, folding, and the generic
-    tests need nothing; step 6, DESIGN.md's size table, is for a config file)."""
+def register_the_toy_location(monkeypatch, **toy):
+    """Steps 1-4 of the README's "new location", at run time (step 5 is a config file); `toy`
+    overrides HeadGateAttention's DECLARED or INIT."""
     monkeypatch.setattr(model_py, "GPTConfig", HeadGateConfig)
     monkeypatch.setitem(config_defaults.TRAIN_RULES, "sv_headgate", configurator.boolean)   # step 2
     monkeypatch.setitem(model_py.VECTOR_FLAGS, "sv_headgate", model_py.VectorFlag((False, True)))
-    monkeypatch.setattr(model_py, "Attention", attention)
+    monkeypatch.setattr(model_py, "Attention", type("Toy", (HeadGateAttention,), toy))
 
 
 def test_the_readme_checklist_on_toy_entries(monkeypatch):
@@ -454,35 +454,25 @@ def test_the_readme_checklist_on_toy_entries(monkeypatch):
     assert any(".attn.gate" in n for n in vectors(make(sv_headgate=True)))
 
 
-class InitTenth(HeadGateAttention):
-    INIT = 0.1   # the gate starts at 0.1, not 1
-
-
-class DeclaredAfterNorm(HeadGateAttention):
-    DECLARED = AFTER_NORM   # said to have a Norm after it: IWD would skip it, folding refuse it
-
-
-class FoldedElsewhere(HeadGateAttention):
-    DECLARED = (("qkv.weight", "columns"),)   # folds where it does not act: the fold drops it
-
-
 @pytest.mark.parametrize("toy, fails", [
-    (InitTenth, "is not 1 at init"),
-    (DeclaredAfterNorm, r"declares a Norm after it \(AFTER_NORM\), but it folds into "
-                        r"blocks\.\d\.attn\.proj\.weight's columns"),
-    (FoldedElsewhere, r"does not fold where it declares")])
+    (dict(INIT=0.1), "is not 1 at init"),   # the gate starts at 0.1, not 1
+    # said to have a Norm after it: IWD would skip it, folding refuse it
+    (dict(DECLARED=AFTER_NORM), r"declares a Norm after it \(AFTER_NORM\), but it folds into "
+                                r"blocks\.\d\.attn\.proj\.weight's columns"),
+    # folds where it does not act: the fold drops it
+    (dict(DECLARED=(("qkv.weight", "columns"),)), r"does not fold where it declares")],
+    ids=["init_tenth", "declared_after_norm", "folded_elsewhere"])
 def test_a_wrong_toy_location_fails_the_generic_checks(monkeypatch, toy, fails):
     """Each of the three silent mistakes of issue 32, made on the toy location, fails a generic
     check with a message naming the vector."""
-    register_the_toy_location(monkeypatch, toy)
+    register_the_toy_location(monkeypatch, **toy)
     with pytest.raises(AssertionError, match=r"blocks\.\d\.attn\.gate.* " + fails):
         check_all("none", "pre")
 
 
 @pytest.mark.parametrize("declared", [(), None, (("proj.weight", "sideways"),)])
 def test_a_declaration_of_no_site_is_refused_when_the_vector_is_built(monkeypatch, declared):
-    register_the_toy_location(monkeypatch, type("Toy", (HeadGateAttention,),
-                                                {"DECLARED": declared}))
+    register_the_toy_location(monkeypatch, DECLARED=declared)
     with pytest.raises(ValueError, match=r"^ScaleVector: folds_into must be AFTER_NORM or"):
         make(sv_headgate=True)
 
@@ -491,8 +481,7 @@ def test_a_declaration_of_no_site_is_refused_when_the_vector_is_built(monkeypatc
 def test_a_declaration_the_model_cannot_fold_fails_the_generic_checks(monkeypatch, declared):
     """A weight the model has not, or one whose shape the vector does not fit (proj has 32 rows,
     the gate 2 entries): folding names the vector, and the generic checks fail."""
-    register_the_toy_location(monkeypatch, type("Toy", (HeadGateAttention,),
-                                                {"DECLARED": declared}))
+    register_the_toy_location(monkeypatch, DECLARED=declared)
     with pytest.raises(ValueError, match=r"^blocks\.0\.attn\.gate declares folds_into="):
         make(sv_headgate=True).fold_scale_vectors()
     with pytest.raises((AssertionError, KeyError, RuntimeError, AttributeError)):
