@@ -10,7 +10,6 @@ from config.defaults import DEFAULTS
 from configurator import ConfigError
 from helpers import ROOT, VARIANTS, model_flags
 from tools import bench as bench_py
-from tools import gpu_check
 
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=2",
         "--vocab_size=50", "--vocab_pad=1", "--device=cpu", "--steps=3", "--warmup=1",
@@ -43,20 +42,15 @@ def test_the_figures_follow_from_the_measured_times_and_ops(monkeypatch, capsys)
         assert {r[1].strip(): float(r[3]) for r in rows}["aten::rsqrt"] == rsqrt
 
 
-@pytest.mark.slow   # --compare without --interleave: two child processes
-def test_configurations_side_by_side_in_one_process_or_in_fresh_ones(capsys):
-    bench_py.main([*TINY, "--rounds=2", "--compare=gpt2,sv_placement=dnp", "--interleave=True"])
-    table = gpu_check.parse_table(capsys.readouterr().out)   # what gpu_check reads of it
-    assert list(table) == ["base", "gpt2", "sv_placement=dnp"]
-    assert table["base"]["x base"] == "1.000" and table["base"]["x base by round"] == "1.000-1.000"
-    assert table["gpt2"]["MFU"] == table["gpt2"]["step mem (MB)"] == "—"   # no peak, no CUDA
-    base, other = [1.0, 1.0, 3.0, 2.0, 2.0, 9.0], [1.5, 1.5, 1.0, 2.0, 2.2, 2.2]   # 2 rounds of 3
-    assert bench_py.round_spread(other, base, steps=3) == "1.100-1.500"   # 1.5/1 and 2.2/2
-    bench_py.main([*TINY, "--rounds=1", "--compare=sv_hetero=True+sv_placement=dnp"])
+@pytest.mark.slow   # 3 child processes; --interleave=True is gpu_check's: its CPU rehearsal
+def test_configurations_side_by_side_in_fresh_processes(capsys):
+    bench_py.main([*TINY, "--rounds=1", "--compare=gpt2,sv_hetero=True+sv_placement=dnp"])
     rows = [line.split("|") for line in capsys.readouterr().out.splitlines()[2:]]
-    assert [r[1].strip() for r in rows] == ["base", "sv_hetero=True+sv_placement=dnp"]
+    assert [r[1].strip() for r in rows] == ["base", "gpt2", "sv_hetero=True+sv_placement=dnp"]
     assert rows[0][4].strip() == rows[0][7].strip() == "1.000"   # time and memory ratios
     assert all(float(r[6].replace(",", "")) > 0 for r in rows)   # each child's peak memory
+    base, other = [1.0, 1.0, 3.0, 2.0, 2.0, 9.0], [1.5, 1.5, 1.0, 2.0, 2.2, 2.2]   # 2 rounds of 3
+    assert bench_py.round_spread(other, base, steps=3) == "1.100-1.500"   # 1.5/1 and 2.2/2
 
 
 @pytest.mark.parametrize("args, words", [

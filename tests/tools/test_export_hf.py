@@ -138,39 +138,28 @@ def test_what_cannot_be_exported_is_one_sentence_and_changes_nothing(case, to, m
     assert (files() == before) != (case == "nan logits")   # that one is written first
 
 
-# ---- every entry of model.py's tables, built as test_variant_tables builds it (helpers.models) ---
-
-def check_export(reparam, placement):
-    """export_hf writes a Llama (Qwen3 with qk_norm) whose logits, computed by an independent Llama
-    forward (helpers.llama_forward, no transformers), are the model's; or it refuses in one
-    sentence, and then the model has what Llama has not: a vector after a Norm other than Qwen3's
-    q/k norms, a Norm after the maps or the branches (DNP, post_norm), an MoE FFN."""
-    idx = tokens(B=2, T=8)
-    qk = tuple(f".{m}.g" for m in export_hf.QK_NORMS)
-    for label, kw in models(reparam, placement):
+@pytest.mark.parametrize("entry", entries(), ids="-".join)   # models: as helpers builds them
+def test_every_entry_of_the_tables_exports_its_logits_or_is_refused_in_one_sentence(entry,
+                                                                                    monkeypatch):
+    """Its logits by an independent Llama forward (helpers.llama_forward), or refused for what Llama
+    has not: a vector after a Norm (but Qwen3's q/k norms), a Norm after the maps or branches (DNP,
+    post_norm), an MoE FFN; a copy of the placement under a new name alike (README "Forking")."""
+    monkeypatch.setitem(model_py.PLACEMENTS, "copy", model_py.PLACEMENTS[entry[1]])
+    idx, qk = tokens(B=2, T=8), tuple(f".{m}.g" for m in export_hf.QK_NORMS)
+    for label, kw in models(*entry) + models(entry[0], "copy"):
         model = make(**kw)
         randomize_scale_vectors(model)
+        c = model.config
+        norm_after = c.scale_vectors and model_py.PLACEMENTS[c.sv_placement].norm
         try:
             config, state = export_hf.hf_export(model)
         except export_hf.ExportError as e:
-            c, why = model.config, str(e)
+            why = str(e)
             assert "\n" not in why and why.count(". ") == 0, why   # one sentence
-            norm_after = c.scale_vectors and model_py.PLACEMENTS[placement].norm
-            assert why.startswith(f"sv_placement={placement!r} cannot") == bool(norm_after), why
+            assert why.startswith(f"sv_placement={c.sv_placement!r} cannot") == bool(norm_after)
             assert (c.n_experts or c.post_norm or norm_after or any(
                 sv.folds_into == model_py.AFTER_NORM and not n.endswith(qk)
                 for n, sv in vectors(model).items())), f"{label}: refused: {e}"
             continue
-        ours = model(idx)[0].double()
-        assert (llama_forward(config, state, idx) - ours).abs().max() < 1e-4, (
+        assert (llama_forward(config, state, idx) - model(idx)[0].double()).abs().max() < 1e-4, (
             f"{label}: the export's logits are not the model's")
-
-
-@pytest.mark.parametrize("entry", entries(), ids="-".join)
-def test_every_entry_of_the_tables_exports_its_logits_or_is_refused_in_one_sentence(entry,
-                                                                                    monkeypatch):
-    """A copy of the placement under a new name is treated alike: the entry decides, not the name
-    (README "Forking": a new placement needs no edit in export_hf)."""
-    monkeypatch.setitem(model_py.PLACEMENTS, "copy", model_py.PLACEMENTS[entry[1]])
-    for placement in (entry[1], "copy"):
-        check_export(entry[0], placement)
