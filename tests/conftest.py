@@ -1,5 +1,6 @@
 import os
 import re
+from collections import Counter
 
 import pytest
 
@@ -24,14 +25,11 @@ def pytest_configure(config):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """`-q` only counts skips: say which optional packages the skipped tests needed (transformers:
-    the export is then checked by helpers.llama_forward alone)."""
-    missing = {}
-    for report in terminalreporter.stats.get("skipped", []):
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        package = re.search(r"could not import '([\w.]+)'", reason)
-        if package:
-            missing[package.group(1)] = missing.get(package.group(1), 0) + 1
+    """`-q` only counts skips: say which optional packages the skipped tests needed."""
+    reasons = (str(r.longrepr[2] if isinstance(r.longrepr, tuple) else r.longrepr)
+               for r in terminalreporter.stats.get("skipped", []))
+    missing = Counter(m.group(1) for m in map(re.compile(r"could not import '([\w.]+)'").search,
+                                              reasons) if m)
     for package, n in sorted(missing.items()):
         terminalreporter.write_line(
             f"skipped {n} test(s) that need {package}: pip install -r requirements-test.txt" +

@@ -41,12 +41,9 @@ VOCAB = {"shakespeare_char": len(set(prepare_data.SHAKESPEARE.read_text(encoding
          "shakespeare": prepare_data.EOT + 1, "fineweb_edu": prepare_data.EOT + 1}
 
 
-def test_every_config_has_its_size_and_every_size_a_config():
-    assert sorted(SIZES) == CONFIGS
-
-
 @pytest.mark.parametrize("name", CONFIGS)
 def test_config_builds_a_model_and_optimizers_of_its_size(name):
+    assert sorted(SIZES) == CONFIGS   # every config has its size and every size a config
     cfg = train_config(f"config/{name}.py")
     model_args = {f.name: cfg[f.name] for f in fields(GPTConfig) if f.name != "vocab_size"}
     with torch.device("meta"):

@@ -11,8 +11,6 @@ import pytest
 from helpers import ROOT, commands
 
 DOCS = ("README.md", os.path.join("study", "README.md"))
-
-
 CASES = [(doc, words) for doc in DOCS for words in commands(doc)]
 
 

@@ -26,11 +26,6 @@ def imported(path):
                     for m in (n.module, *(f"{n.module}.{a.name}" for a in n.names))}
 
 
-def imports(name):
-    """The project's modules that `name` imports: `from model import GPT` imports model."""
-    return imported(MODULES[name]) & MODULES.keys() - {name}
-
-
 def floors(g, m, path=()):
     assert m not in path, f"an import cycle: {' -> '.join((*path, m))}"
     return 1 + max((floors(g, d, (*path, m)) for d in g[m]), default=0)
@@ -43,7 +38,7 @@ def crossings(g):
 
 
 def test_no_crossing_no_script_importing_or_parsing_a_script_no_cycle_at_most_four_floors():
-    g = {m: imports(m) for m in MODULES}
+    g = {m: imported(MODULES[m]) & MODULES.keys() - {m} for m in MODULES}   # the project's modules
     assert not crossings(g), f"imports across the layout: {crossings(g)}; move what they share"
     bad = sorted((a, b) for a in SCRIPTS & g.keys() for b in g[a] if b in SCRIPTS)
     assert not bad, f"scripts importing scripts: {bad}; move what they share into a library module"

@@ -78,19 +78,16 @@ def test_causality(name):
 def test_config_errors_name_the_field(monkeypatch):
     head = "sv_dnp_width='head' .* needs sv_placement='dnp'"
     moe = [dict(n_experts=4, n_experts_active=5), dict(n_experts=4, moe_bias_rate=-1.0),
-           dict(n_experts=4, moe_dense_layers=12),
-           dict(n_experts=-1)]   # the MoE's errors name the field set last
-    for kw, match in [(dict(sv_placement="post"), "sv_placement"),
-                      (dict(sv_reparam="exp"), "sv_reparam"),
-                      (dict(scale_vectors=False, sv_hetero=True),
-                       "sv_hetero=True needs scale_vectors=True"),
-                      (dict(qk_norm=True, sv_placement="dnp"), "redundant"),
-                      # the width, through the placement table: dnp_novec has DNP's Norm only
-                      (dict(sv_dnp_width="head", sv_placement="dp"), head),
-                      (dict(sv_dnp_width="head", sv_placement="dnp_novec"), head),
-                      (dict(sv_dnp_width="quarter", sv_placement="dnp"),
-                       "sv_dnp_width must be one of 'full', 'head'"),
-                      *((kw, list(kw)[-1]) for kw in moe)]:
+           dict(n_experts=4, moe_dense_layers=12), dict(n_experts=-1)]
+    cases = [(dict(sv_placement="post"), "sv_placement"), (dict(sv_reparam="exp"), "sv_reparam"),
+             (dict(scale_vectors=False, sv_hetero=True), "sv_hetero=True needs scale_vectors=True"),
+             (dict(qk_norm=True, sv_placement="dnp"), "redundant"),
+             # the width, through the placement table: dnp_novec has DNP's Norm only
+             (dict(sv_dnp_width="head", sv_placement="dp"), head),
+             (dict(sv_dnp_width="head", sv_placement="dnp_novec"), head),
+             (dict(sv_dnp_width="quarter", sv_placement="dnp"),
+              "sv_dnp_width must be one of 'full', 'head'")]
+    for kw, match in cases + [(kw, list(kw)[-1]) for kw in moe]:   # MoE: names the field set last
         with pytest.raises(ValueError, match=match):
             GPTConfig(**kw)
     # a fork's table entry with a piece ScaledLinear does not build (before the table, an
@@ -195,14 +192,10 @@ def test_the_initial_weights_are_pinned_and_follow_the_role():
                 writer = n.endswith(("attn.proj.weight", "mlp.down", "down.weight"))
                 want = residual if writer else 0.02
                 assert abs(p.std().item() - want) < tol * want, (n, p.std().item())
-    # a fork's gain that decay and folding would not know has no init rule
-    class Gained(model_py.OutputNorm):
-        def __init__(self, d, cfg):
-            super().__init__(d, cfg)
-            self.gain = nn.Parameter(torch.ones(d))
+    # a fork's gain outside a ScaleVector (decay and folding would not know it) has no init rule
     model = make()
-    model.post_norm_gain = Gained(32, model.config)
-    with pytest.raises(ValueError, match="post_norm_gain.gain has no init rule"):
+    model.blocks[0].attn.register_parameter("gain", nn.Parameter(torch.ones(32)))
+    with pytest.raises(ValueError, match="blocks.0.attn.gain has no init rule"):
         model._init_weights()
 
 
@@ -352,8 +345,7 @@ def test_a_first_adamw_step_preconditions_the_folded_map_by_g_and_sgd_by_g_squar
 
 
 def test_the_first_reading_is_contiguous():
-    """model.py's docstring names its first reading by content, from the top to the end of
-    GPT.forward (issue 30): the pieces it lists come before that end, decay, folding, MoE after."""
+    """Issue 30: model.py's first reading (named by content) ends with GPT.forward; MoE after."""
     lines, start = inspect.getsourcelines(model_py.GPT.forward)
     end = start + len(lines) - 1
     first = (model_py.GPTConfig, model_py.ScaleVector, model_py.ScaledLinear, model_py.OutputNorm,

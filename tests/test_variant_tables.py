@@ -247,9 +247,8 @@ def check_compiles_in_one_graph(reparam, placement):
 
 
 def check_moe_paths_agree(reparam, placement):
-    """The two dispatch paths of MoE.run_experts, the loop (a CPU's) and the grouped GEMM (a GPU's,
-    torch._grouped_mm, which runs on a CPU in float32 too): the same loss and gradients with every
-    vector a flag puts in the experts, so a vector left out of one path is caught."""
+    """MoE.run_experts' loop (a CPU's) and grouped GEMM (a GPU's; torch._grouped_mm runs on a CPU
+    in float32 too): one loss and gradients, so a vector left out of one path is caught."""
     idx, targets = tokens(), tokens(seed=5)
     for label, kw in [m for m in models(reparam, placement) if "MoE" in m[0]]:
         model = make(**kw)
@@ -341,17 +340,15 @@ def test_a_copy_of_a_placement_under_a_new_name_is_treated_as_the_original(monke
 # ---- no flag is inert, and every flag that adds a vector is in the one list ---------------------
 
 def flag_configs():
-    """Every combination of scale_vectors and the values of model.VECTOR_FLAGS that GPTConfig
-    takes (dense)."""
+    """Every combination of scale_vectors and VECTOR_FLAGS' values that GPTConfig takes (dense)."""
     flags = {"scale_vectors": (True, False), **{f: flag_values(f) for f in model_py.VECTOR_FLAGS}}
     combos = (dict(zip(flags, values)) for values in itertools.product(*flags.values()))
     return [kw for kw in combos if accepted(kw)]
 
 
 def test_no_flag_is_inert():
-    """Set away from its default, each flag of the list (and scale_vectors) changes the model's
-    parameters (names, shapes) or its function at init, in every combination GPTConfig takes; a
-    combination that changes neither must be refused in one sentence (GPTConfig.__post_init__)."""
+    """A flag (or scale_vectors) off its default changes the parameters (names, shapes) or the
+    function at init, in every combination GPTConfig takes, or __post_init__ must refuse it."""
     shapes, idx = {}, tokens(B=1, T=8)
 
     def signature(kw):
@@ -372,9 +369,8 @@ def test_no_flag_is_inert():
 
 
 def test_every_vector_flag_is_listed():
-    """A bool GPTConfig field outside model.VECTOR_FLAGS (and scale_vectors) adds no scale vector:
-    the generic tests build their models from that list, so a flag missing from it would go
-    untested."""
+    """The generic tests build their models from model.VECTOR_FLAGS: a bool field outside it (and
+    scale_vectors) that adds a vector would go untested."""
     for f in fields(model_py.GPTConfig):
         if f.name in model_py.VECTOR_FLAGS or f.name == "scale_vectors" or f.type not in (
                 bool, "bool"):
@@ -542,9 +538,8 @@ def test_a_config_file_sets_the_flags_of_its_name(config):
 
 @pytest.mark.parametrize("config", CONFIGS)
 def test_no_vector_is_inert_in_a_config_files_own_model(config):
-    """Issue 37.7: a vector applied only under another flag (post_norm) got no gradient in its
-    own config file, while the generic check, with every flag on, passed. The config's flags at
-    the tiny size."""
+    """Issue 37.7: a vector applied only under another flag (post_norm) got no gradient in its own
+    config file (its flags, at the tiny size), while the generic check, every flag on, passed."""
     cfg = train_config(f"config/{config}")
     keep = set(flags_of(cfg)) | {f.name for f in fields(model_py.GPTConfig)
                                  if f.name.startswith(("n_expert", "moe_", "n_shared"))}
