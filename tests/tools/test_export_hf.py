@@ -1,5 +1,5 @@
 """export_hf.py: its files compute the model's logits (helpers.llama_forward; transformers where
-installed); a refusal is one sentence; it writes only its folder. Each variant: check_export."""
+installed); a refusal is one sentence; it writes only its folder. Each table entry: last test."""
 import errno
 import json
 import math
@@ -114,7 +114,7 @@ def test_the_export_computes_the_models_logits(arch, flags, tokenizer, vocab, wr
         assert tok(TEXT)["input_ids"] == ids and tok.decode(ids) == TEXT
 
 
-@pytest.mark.parametrize("case, to, message", [   # the other refusals of a model: check_export
+@pytest.mark.parametrize("case, to, message", [   # a model's other refusals: the last test
     ("unified", "hf", "sv_placement='dnp' cannot be exported: a Norm, not a linear map, follows"),
     ("", "", "say where to write the export: --to=hf/<name>"),
     ("", "out", "--to=out exists and holds 2 file(s) an export does not write (e.g. "
