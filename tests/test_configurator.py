@@ -17,11 +17,6 @@ BAD_FILES = {"type.py": "out_dir = 5\n", "key.py": "batch_sise = 3\n",
              "raises.py": "batch_size = 1 / 0\n"}
 
 
-def write(path, text):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-
-
 @pytest.mark.parametrize("arg, value", [
     ("--learning_rate=1", 1.0), ("--learning_rate=3e-4", 3e-4), ("--wandb_run_name=run1", "run1"),
     ("--wandb_run_name=42", 42), ("--wandb_run_name=None", None),   # a None default: anything
@@ -59,8 +54,9 @@ def test_a_value_is_typed_as_its_default(arg, value):
     (["config/raises.py"], "error in config file config/raises.py: ZeroDivisionError")])
 def test_a_mistake_on_the_command_line_or_in_a_file_is_one_sentence(argv, message, tmp_path,
                                                                     monkeypatch):
+    (tmp_path / "config").mkdir()
     for name, text in {**BAD_FILES, "shakespeare_char.py": ""}.items():   # and the one near
-        write(tmp_path / "config" / name, text)
+        (tmp_path / "config" / name).write_text(text)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError) as e:
         configure(DEFAULTS, argv)
@@ -68,11 +64,12 @@ def test_a_mistake_on_the_command_line_or_in_a_file_is_one_sentence(argv, messag
 
 
 def test_files_in_order_then_the_command_line_importing_others_read_afresh(tmp_path, monkeypatch):
-    write(tmp_path / "config" / "base.py", "batch_size = 3\nmax_iters = 100\n")
-    write(tmp_path / "config" / "a.py",
-          "from config.base import *\nmax_iters = 10\nimport math\n_private = 3\ndef f(): pass\n"
-          "import os\nout_dir = os.path.basename(__file__)\nlearning_rate = 2\n")
-    write(tmp_path / "config" / "b.py", "batch_size = 2\n")
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "base.py").write_text("batch_size = 3\nmax_iters = 100\n")
+    (tmp_path / "config" / "a.py").write_text(
+        "from config.base import *\nmax_iters = 10\nimport math\n_private = 3\ndef f(): pass\n"
+        "import os\nout_dir = os.path.basename(__file__)\nlearning_rate = 2\n")
+    (tmp_path / "config" / "b.py").write_text("batch_size = 2\n")
     monkeypatch.chdir(tmp_path / "config")   # relative paths, not under the repo root
     before = set(sys.modules)
     config = configure(DEFAULTS, ["--batch_size=7", "a.py", "b.py", "--max_iters=3",
@@ -83,7 +80,7 @@ def test_files_in_order_then_the_command_line_importing_others_read_afresh(tmp_p
     assert configure(DEFAULTS, ["a.py", "b.py"])["batch_size"] == 2
     assert not [m for m in set(sys.modules) - before if m.split(".")[0] == "config"]
     assert str(tmp_path) not in sys.path
-    write(tmp_path / "config" / "base.py", "batch_size = 8\n")   # the import is read afresh
+    (tmp_path / "config" / "base.py").write_text("batch_size = 8\n")   # the import read afresh
     assert configure(DEFAULTS, [str(tmp_path / "config" / "a.py")])["batch_size"] == 8
 
 
@@ -111,10 +108,9 @@ def test_validation_does_not_rely_on_assert():
 # ---- train.py's allowed values -------------------------------------------------------------------
 
 def test_every_train_key_has_a_rule_its_default_passes_and_er_with_decay_is_refused():
-    """Issue 20.13: a key without a rule took any value of its type (--seed=-1 wrote the lock and
-    the metrics, then a traceback): a new key (or GPTConfig field) fails here until it has one.
-    Issue 39.3: ER with a decay was a traceback after the model was built. AdamW's decay pulls
-    ER's raw parameters toward 0, its g toward 1 (DESIGN.md): allowed only without decay."""
+    """Issue 20.13: a key without a rule took any value of its type (--seed=-1 wrote the lock, then
+    a traceback). Issue 39.3: ER with a decay was a traceback after the model was built; decay
+    pulls ER's raw parameters toward 0, its g toward 1 (DESIGN.md): allowed only without one."""
     assert sorted(TRAIN) == sorted(TRAIN_RULES)
     assert configure(TRAIN, [], TRAIN_RULES, PAIR_RULES) == TRAIN
     for good in ("--max_iters=0", "--grad_clip=0", "--device=cuda:1", "--wsd_decay_frac=1",

@@ -45,10 +45,8 @@ def last_line(p):
 
 @pytest.mark.slow
 def test_a_stop_signal_saves_and_exits_0_a_second_trainer_is_refused_a_nan_is_never_saved(workdir):
-    """SIGTERM at step 0 (during its evaluation, which the resume does not repeat), SIGINT (a
-    Ctrl-C) mid-run. Then at lr=1e30, log_interval too large to see the loss, a stop signal: the
-    save itself checks the last loss and weights; from scratch no checkpoint is named, resumed the
-    last good one."""
+    """SIGTERM at step 0 (in its evaluation, which the resume does not repeat), SIGINT mid-run; at
+    lr=1e30 the save itself checks the loss and weights (log_interval too large to see them)."""
     run = ["--out_dir=out_term", "--max_iters=100000", "--eval_interval=100000",
            "--eval_iters=400"]   # 0.2-2 s of evaluation at step 0
     p = start(workdir, *run)
@@ -333,9 +331,8 @@ def test_optimizer_state_is_restored_by_name_and_checked_against_its_parameters(
 
 
 def test_a_resume_keeps_its_vocabulary_and_without_a_record_its_own_dataset():
-    """Issue 31.11: without the record, the dataset its config names is the only one it resumes
-    on; with it, the record decides (a dataset renamed is the same vocabulary, the same ids of
-    other characters not)."""
+    """Issue 31.11: without the record, only the dataset its config names; with it, the record
+    decides (a dataset renamed is the same vocabulary, the same ids of other characters not)."""
     ckpt = {"model_args": {}, "iter_num": 4,
             "config": {"optimizer": "adamw", "dataset": "tiny", "gradient_accumulation_steps": 1,
                        "batch_size": 4, "block_size": 16}}

@@ -87,10 +87,9 @@ def test_the_header_gives_the_val_loss_of_the_checkpoints_own_evaluation(tmp_pat
 
 @pytest.fixture(scope="module")
 def sample_run(workdir):
-    """out_sample: a run stopped by SIGTERM after 3 steps (its only evaluation step 0's), whose
-    dataset was then prepared again from another text of as many characters: the run's ids still
-    mean its own; a folder whose `latest` is a folder; a checkpoint from before the vocabulary
-    record whose dataset name leaves data/."""
+    """out_sample: stopped by SIGTERM after 3 steps (its only evaluation step 0's), its dataset then
+    prepared from other text of as many characters (its ids still mean its own); out_folder_latest,
+    whose `latest` is a folder; out_old, from before the vocabulary record, its dataset ../.."""
     shutil.copytree(workdir / "data" / "tiny", workdir / "data" / "tiny_s", dirs_exist_ok=True)
     p = start(workdir, "--dataset=tiny_s", "--out_dir=out_sample", "--max_iters=100000",
               "--eval_interval=100000")

@@ -79,9 +79,8 @@ def test_ddp_two_processes_match_one_and_a_mismatch_is_refused_before_anything_i
 
 @pytest.mark.slow
 def test_a_run_learns_ends_with_the_whole_val_split_logs_each_eval_and_bf16_trains_alike(workdir):
-    """It ends with the loss over every window of the val split (computed here again from the
-    final checkpoint, issue 33); a precond record follows each evaluation by one step (but the
-    last); the first log line comes after the first step, with the ETA (issue 34)."""
+    """The final loss is over every window of the val split (issue 33); a precond record follows
+    each evaluation but the last; the first log line comes after step 1, with the ETA (issue 34)."""
     run = ["--max_iters=30", "--eval_interval=15", "--log_interval=7"]
     stdout = train(workdir, "--out_dir=out_final", *run).stdout
     assert "iter 1/30: loss" in stdout and "eta 0h00m" in stdout
