@@ -59,8 +59,8 @@ import time
 from collections import namedtuple
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
-from study.grids import (GRIDS, MAX_ITERS, MS_PER_ITER, OVERHEAD_S, is_node_grid, parse_added,
-                         sizing)
+from study.grids import (GRIDS, MAX_ITERS, MS_PER_ITER, OVERHEAD_S, is_node_grid, name_says,
+                         parse_added, sizing)
 from study.plots import plot_grid, plot_report
 from study.report import (REPORTS, arg_value, ci95, code_id, code_lines, meta_gpt, run_codes,
                           summarize, write_summary)
@@ -82,6 +82,7 @@ def run_args(v, max_iters, extra, seed, run_dir, tokens=None, node=False):
     return [*sizing(iters), *rest, *extra, f"--seed={seed}", f"--out_dir={run_dir}"]
 
 
+@functools.lru_cache(maxsize=None)
 def train_config(config, overrides=()):
     """config.defaults.train_config, a bad value one sentence."""
     from config.defaults import train_config as resolve
@@ -280,8 +281,7 @@ def run_record(v, args, run_dir):
         return {"args": None, "why": "no readable run.json"}
     why = (None if settings(state["args"]) != settings(args)
            else checkpoint_mismatch(v, args, run_dir))
-    return state if why is None else {"args": None, "why": "its run.json has this grid's "
-                                      f"settings, but {why}"}
+    return state if why is None else {"args": None, "why": why}
 
 
 def checkpoint_mismatch(v, args, run_dir):
@@ -596,9 +596,10 @@ def parse_args(argv, grids):
 
 def choose_variants(a, p, grids):
     """(the whole grid with --add's variants, the subset to run: --variants, their baselines)."""
-    full = grids[a.grid]() if callable(grids[a.grid]) else list(grids[a.grid])
+    rows = grids[a.grid]() if callable(grids[a.grid]) else grids[a.grid]
+    full = [check_named(v) for v in rows]
     for spec in a.add:
-        full.append(check_named(spec, parse_added(spec, full)))
+        full.append(check_named(parse_added(spec, full), spec))
     if not a.variants:
         return full, full
     want, names = set(a.variants.split(",")), [v.name for v in full]
@@ -609,18 +610,19 @@ def choose_variants(a, p, grids):
     return full, [v for v in full if v.name in want]
 
 
-def check_named(spec, v):
-    """An --add row named as a variant of config/variants.py (or its MoE twin, moe_NAME) must run
-    that variant's flags, since results are read by their row's name; returns the row."""
-    from config.variants import VARIANTS, flags_of, named_flags
-    name = v.name.removeprefix("moe_")
-    got, want = ((flags_of(train_config(v.config, v.overrides)), named_flags(name))
-                 if name in VARIANTS else ({}, {}))
-    for k in (k for k in want if got[k] != want[k]):
-        raise SystemExit(f"error: --add={spec}: {v.name!r} names config/variants.py's {name!r}, "
-                         f"which has {k}={want[k]!r}, but "
-                         f"{' '.join([v.config, *v.overrides])} runs {k}={got[k]!r}: give the row "
-                         "another name or that variant's flags")
+def check_named(v, spec=None):
+    """A row whose name says what it runs (grids.name_says: a variant of config/variants.py, its
+    MoE twin moe_NAME, and further words) must run that, since results are read by their row's
+    name; returns the row."""
+    want, cfg = name_says(v.name), train_config(v.config, tuple(v.overrides))
+    bad = [f"{k}={cfg[k]!r}, not {x!r}" for k, x in (want or {}).items() if cfg[k] != x] + (
+        [f"n_experts={cfg['n_experts']}"] if want is not None and (
+            cfg["n_experts"] > 0) != v.name.startswith("moe_") else [])
+    if bad:
+        raise SystemExit(f"error: {f'--add={spec}' if spec else f'grid row {v.name}'}: its "
+                         f"name says otherwise of what {' '.join([v.config, *v.overrides])} runs: "
+                         f"{'; '.join(bad)} (study/grids.py, name_says): give the row another "
+                         "name or the flags its name says")
     return v
 
 
@@ -686,12 +688,11 @@ def refuse_other_settings(out, jobs):
 
 def refuse_unaccounted(out, jobs):
     """A run folder with checkpoints that no record accounts for (run_record) is neither resumed
-    nor deleted, even with --replace: one sentence naming it."""
-    lost = [j for j in jobs if j.record is not None and j.record["args"] is None]
+    nor deleted, even with --replace: one sentence naming each and why."""
+    lost = [f"{j.run_dir}: {j.record['why']}" for j in jobs if j.record and not j.record["args"]]
     if lost:
-        raise SystemExit(f"error: {len(lost)} run folder(s) of {out} hold checkpoints of a run "
-                         f"this grid cannot account for (e.g. {lost[0].run_dir}: "
-                         f"{lost[0].record['why']}): they are neither resumed nor deleted; move "
+        raise SystemExit(f"error: run folders of {out} hold checkpoints this grid cannot account "
+                         f"for ({'; '.join(lost)}): they are neither resumed nor deleted; move "
                          "them elsewhere (or delete them yourself), or use another --results_dir")
 
 
@@ -791,31 +792,12 @@ def run_all(a, g, todo, runner, progress):
                 progress(futs[fut], err=e)
 
 
-def shown(path):
-    """A folder as summary.md (committed) names it: relative to the repository; None for one
-    outside it, whose absolute path would name this machine."""
-    rel = os.path.relpath(os.path.abspath(path), ROOT)
-    return None if rel == ".." or rel.startswith(".." + os.sep) else rel
-
-
-def summary_command(argv):
-    """The command line as summary.md shows it: a --results_dir relative to the repository (DIR
-    for one outside it)."""
-    words, key = ["python", "-m", "study.reproduce"], "--results_dir"
-    for arg in argv:
-        if words[-1] == key or arg.startswith(key + "="):   # --results_dir DIR, --results_dir=DIR
-            before, eq, path = arg.partition("=") if words[-1] != key else ("", "", arg)
-            arg = before + eq + (shown(path) or "DIR")
-        words.append(arg)
-    return shlex.join(words)
-
-
 def write_reports(a, g, full, progress, t_start):
     """summary.md, summary.json and the figures, from every result of the grid in the folder (the
     whole grid, not only this invocation's runs)."""
     results = collect(g.out, full, g.args_for)
     rows = summarize(full, results)
-    command = summary_command(a.argv)
+    command = shlex.join(["python", "-m", "study.reproduce", *a.argv])
     n_done = sum(len(r) for r in results.values())
     launch = "python train.py" if g.torchrun is None else shlex.join(["torchrun", *g.torchrun,
                                                                       "train.py"])
@@ -827,8 +809,7 @@ def write_reports(a, g, full, progress, t_start):
                     f"--max_iters: {own[0]} to {own[-1]} in this grid>")
     wall = sum(r["wall_s"] for res in results.values() for r in res.values())
     header = [f"# Reproduction: grid `{a.grid}`", "", f"Last command: `{command}`", "",
-              f"Runs: {n_done} complete in {shown(g.out) or 'the folder'} with these settings "
-              "(all seeds found), "
+              f"Runs: {n_done} complete in {g.out} with these settings (all seeds found), "
               f"{len(progress.failed)} failed in the last invocation. Wall time of the last "
               f"invocation: {(time.time() - t_start) / 60:.1f} min; summed over all runs: "
               f"{wall / 60:.1f} min.",
