@@ -11,10 +11,8 @@ import pytest
 import torch
 
 import prepare_data
-import telemetry
-from conftest import ROOT
 from config.defaults import train_config
-from helpers import ENV
+from helpers import ENV, ROOT, records
 from model import GPT, GPTConfig
 
 CONFIGS = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "config")) if f.endswith(".py")
@@ -94,7 +92,6 @@ def test_a_124m_config_trains_on_cpu_as_a_node_runs_it_and_resumes(name, compile
     run = torch.load(bpe_workdir / name / "ckpt_0000003.pt", weights_only=True)["config"]
     shape = (run["compile"], run["n_layer"], run["n_embd"], run["block_size"])
     assert shape == (compiled, 2, 768, 32)
-    records, _ = telemetry.read_metrics(bpe_workdir / name / "metrics.jsonl")
-    train = [r for r in records if r["kind"] == "train"]
+    train = records(bpe_workdir, name, "train")
     assert [r["iter"] for r in train] == [1, 2, 3] and all(math.isfinite(r["loss"]) for r in train)
-    assert [r["iter"] for r in records if r["kind"] == "eval"] == [0, 2, 3]
+    assert [r["iter"] for r in records(bpe_workdir, name, "eval")] == [0, 2, 3]

@@ -32,7 +32,6 @@ def test_shapes_loss_a_dtype_cast_and_generation():
     out = model.generate(prompt, max_new_tokens=3, temperature=0)
     for t in range(4, 7):   # each new token is the argmax of the logits of the sequence before it
         assert torch.equal(out[:, t], model(out[:, :t])[0][:, -1].argmax(-1))
-    assert torch.equal(out, model.generate(prompt, max_new_tokens=3, temperature=0))
 
 
 def test_parameter_counts_closed_formulas_dense_and_moe():
@@ -211,9 +210,8 @@ def test_dense_dnp_is_the_formula_per_head_and_per_branch(width):
     rms = lambda z: z / torch.sqrt(z.pow(2).mean(-1, keepdim=True) + 1e-6)   # norm_eps
     d, H, hd, h = 32, 2, 16, model.config.hidden
     xn = rms(torch.randn(2, 5, d, generator=torch.Generator().manual_seed(7)))
-    attn, mlp = model.blocks[0].attn, model.blocks[0].mlp
-    assert attn.qkv.g_out.g.shape == ((3, d) if width == "full" else (3, hd))
-    assert mlp.gate_up.g_out.g.shape == ((2, h) if width == "full" else (2, 1))
+    assert model.blocks[0].attn.qkv.g_out.g.shape == ((3, d) if width == "full" else (3, hd))
+    assert model.blocks[0].mlp.gate_up.g_out.g.shape == ((2, h) if width == "full" else (2, 1))
     for name, heads in (("attn.qkv", H), ("mlp.gate_up", 1)):   # q, k, v per head; gate, up
         lin = model.blocks[0].get_submodule(name)
         n = lin.g_out.g.size(0)
@@ -239,8 +237,7 @@ def test_dense_dnp_is_the_formula_per_head_and_per_branch(width):
 
 @pytest.mark.parametrize("moe", [False, True])
 def test_dnp_novec_is_dnp_with_its_output_vector_frozen_at_one(moe):
-    """The DNP control keeps the Norm after the map and has no g_out: the same logits and gradient
-    of every shared parameter as DNP whose g_out is fixed at 1."""
+    """The DNP control (DNP's Norm after the map, no g_out) is DNP with g_out fixed at 1."""
     kw = dict(sv_hetero=True, **(MOE if moe else {}))
     dnp, ctrl = make(sv_placement="dnp", **kw), make(sv_placement="dnp_novec", **kw)
     assert not [n for n, _ in ctrl.named_parameters() if ".g_out." in n]

@@ -100,8 +100,7 @@ def test_loop_and_grouped_paths_agree(name, dev):
     (an empty group): on CPU in fp32, on CUDA in bf16 at a GPU's size."""
     if dev == "cpu" and not GROUPED:
         pytest.skip("torch._grouped_mm does not run on this CPU build")
-    # fp32: sums in another order (1e-5); bf16 (8 bits of mantissa): 2e-2 of the output, 5e-2 of
-    # a gradient
+    # fp32: sums in another order (1e-5); bf16 (8-bit mantissa): 2e-2 of an output, 5e-2 of a grad
     size, x, out_rel, grad_rel, dtype = (
         (dict(n_experts=6), inputs(), 1e-5, 1e-5, None) if dev == "cpu" else
         (dict(n_experts=8, n_embd=64, moe_hidden=64), inputs(N=512, d=64), 2e-2, 5e-2,
