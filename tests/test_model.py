@@ -110,8 +110,7 @@ def effective_update(lr=0.5, **kw):
         return {n: m.effective_weight() - before[n] for n, m in maps.items()}
 
 
-@pytest.mark.parametrize("name", ["hetero", "dp", "or", "er", "noscale", "dnp", "unified",
-                                  "gemma"])
+@pytest.mark.parametrize("name", ["hetero", "dp", "or", "er", "noscale", "dnp", "unified", "gemma"])
 def test_each_variant_changes_the_function_at_init_or_the_update(name):
     """DNP, qk_norm and post_norm add normalizations: another function at init. HG, DP, OR, ER
     compute the baseline's (bit for bit: test_variant_tables) with another preconditioner (paper
@@ -156,9 +155,7 @@ def test_the_vector_stats_name_each_branch_and_expert_and_without_vectors_no_g_t
             "blocks.1.mlp.shared.gate_up.g_in.up"} <= set(stats)
     assert all(abs(x - 1) < 1e-5 for mean_lo_hi in stats.values() for x in mean_lo_hi)
     model = make(scale_vectors=False, qk_norm=True, post_norm=True)   # the norms stay, param-free
-    assert not any(isinstance(m, ScaleVector) for m in model.modules())
-    assert all(p.dim() == 2 for p in model.parameters())
-    assert set(model.param_classes().values()) == {"matrix", "embedding"}
+    assert all(p.dim() == 2 for p in model.parameters())   # no vector (a ScaleVector holds one)
     stats = telemetry.preconditioning(model, telemetry.fed_maps(model))
     assert set(stats) == {f"blocks.{i}.{m}" for i in range(2)
                           for m in ("attn.qkv", "mlp.gate_up")} | {"head"}
