@@ -210,23 +210,15 @@ def load_json(path):
 # what a result.json must hold to count (reproduce.py writes it; a hand-edited one may not)
 RESULT_FIELDS = {"variant": str, "seed": int, "args": list, "val_loss": float, "curve": list,
                  "wall_s": float, "sv_means": dict}
-_noted = set()
 
 
 def load_result(run_dir):
-    """A run's result.json, or None: a torn, empty or foreign one counts as no result (its run is
-    run again), with one note naming the file."""
-    path = os.path.join(run_dir, "result.json")
-    r = load_json(path)
+    """A run's result.json, or None: a torn, empty or edited one counts as no result (its run is
+    run again)."""
+    r = load_json(os.path.join(run_dir, "result.json"))
     ok = r is not None and all(isinstance(r.get(k), (int, float) if t is float else t)
                                for k, t in RESULT_FIELDS.items())
-    if ok and math.isfinite(r["val_loss"]):
-        return r
-    if os.path.exists(path) and path not in _noted:
-        _noted.add(path)
-        print(f"note: {path} is not a complete result (torn, empty or edited): it is left out, "
-              "and its run is run again (delete the file to silence this)")
-    return None
+    return r if ok and math.isfinite(r["val_loss"]) else None
 
 
 def write_json(path, obj):
@@ -828,7 +820,6 @@ def write_reports(a, g, full, progress, t_start):
 
 
 def main(argv=None, grids=GRIDS):
-    _noted.clear()   # each invocation names each bad result.json once
     a, parser = parse_args(argv, grids)
     full, grid = choose_variants(a, parser, grids)
     g = Grid(a, grids)
