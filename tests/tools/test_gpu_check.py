@@ -14,6 +14,7 @@ import torch
 from conftest import ROOT
 from tools import gpu_check
 
+
 def test_the_cuda_tests_compile_and_speed_pass_only_on_what_they_should(monkeypatch):
     skip = "SKIPPED [1] tests/test_moe.py:153: the grouped GEMM needs a GPU\n"
     for device, rc, out, verdict in (
