@@ -156,11 +156,8 @@ def model_config(cfg, argv=()):
     no silent GPT-2 vocabulary."""
     meta_path = os.path.join("data", cfg["dataset"], "meta.json")
     given = {a[2:].partition("=")[0] for a in argv if a.startswith("--")}
-    if os.path.exists(meta_path):   # a torn or odd meta.json: the one sentence of load_meta
-        try:
-            vocab = load_meta(os.path.dirname(meta_path))["vocab_size"]
-        except SystemExit as e:
-            raise ConfigError(str(e).removeprefix("error: ")) from None
+    if os.path.exists(meta_path):   # a torn or odd one: load_meta exits with one sentence
+        vocab = load_meta(os.path.dirname(meta_path))["vocab_size"]
     elif "dataset" in given and "vocab_size" not in given:
         raise ConfigError(f"--dataset={cfg['dataset']} has no {meta_path}: check the name, "
                           "prepare it with prepare_data.py, or give --vocab_size=N to time the "
