@@ -291,10 +291,8 @@ def test_a_failed_write_names_its_file_and_errno_and_latest_keeps_the_previous_c
     # issue 39.5: online without an API key, wandb.init raised UsageError after 22 s
     (True, r"wandb could not start \(api_key not configured.*`wandb login`.*WANDB_MODE=offline")])
 def test_wandb_that_cannot_start_is_one_sentence(tmp_path, monkeypatch, installed, message):
-    class UsageError(Exception):
-        pass
-    fake = type(sys)("wandb")
-    fake.init = lambda **kw: (_ for _ in ()).throw(UsageError("api_key not configured (no-tty)"))
+    fake = type(sys)("wandb")   # wandb.errors.UsageError in wandb: any exception is caught
+    fake.init = lambda **kw: (_ for _ in ()).throw(ValueError("api_key not configured (no-tty)"))
     monkeypatch.setitem(sys.modules, "wandb", fake if installed else None)   # None: import fails
     with pytest.raises(SystemExit, match=message):
         telemetry.RunLog(tmp_path, wandb={"project": "p"})

@@ -13,8 +13,6 @@ from config.variants import VARIANTS
 from helpers import ROOT, final_state, finish, records, start, train
 
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
-
-
 COMMON = ["--eval_interval=5", "--lr_decay_iters=12", "--sv_hetero=True", "--sv_reparam=or",
           "--gradient_accumulation_steps=2"]   # under DDP, one micro-step per process
 
@@ -173,7 +171,6 @@ RESUME = ["--init_from=resume", "--max_iters=6"]
     # fits train, not val: found at start, not at the first eval
     (["--block_size=5000"], "val.bin has 2000 tokens"),
     (["--train_tokens=10000000"], "train_tokens=10,000,000 but"),
-    (["--overwrite=False"], "holds a run"),   # a new run into an existing run's out_dir
     (["--out_dir=tiny.txt"], "is a file"),
     ([*RESUME, "--out_dir=out_none"], "no checkpoint"),
     ([*RESUME, "--out_dir=out_torn"], "checkpoint out_torn/ckpt_0000004.pt is corrupt or not a "
