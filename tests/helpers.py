@@ -63,10 +63,9 @@ def accepted(kw):
 
 
 def models(reparam, placement):
-    """(label, flags) of the tiny models built for one entry of REPARAMS x PLACEMENTS: the entry
-    alone (head tied, then untied); with each value of every other flag of model.VECTOR_FLAGS
-    alone, so that a flag is built where it folds and exports too; with all of them on at once;
-    and as an MoE, alone and with all on. Each where GPTConfig takes it."""
+    """(label, flags) of the tiny models of an entry of REPARAMS x PLACEMENTS that GPTConfig takes:
+    the entry alone (head tied, untied); with each value of every other VECTOR_FLAGS flag alone
+    (so each is built where it folds and exports too); with all on; as an MoE, alone and all on."""
     others = [f for f in model_py.VECTOR_FLAGS if f not in ("sv_reparam", "sv_placement")]
     entry = dict(sv_reparam=reparam, sv_placement=placement)
     combos = [{}, dict(tie_embeddings=False)]

@@ -6,8 +6,6 @@ import torch
 from helpers import MOE, VARIANTS, make, randomize_scale_vectors, tokens
 from model import ScaledLinear
 
-UNIFIED = VARIANTS["unified"]   # config/variants.py's, without train.py's sv_weight_decay
-
 
 def logits_and_matrix_grads(model):
     logits, loss = model(tokens(), tokens(seed=2))
@@ -22,7 +20,7 @@ def test_under_dnp_the_input_norm_vectors_are_scale_invariant_but_g_final_is_not
     so scaling every g_in that DNP's maps see (OR's beta) changes neither the logits nor any
     matrix's gradient (float64, eps -> 0); scaling g_final, which the head sees without a Norm
     after it, changes the logits."""
-    model = make(**UNIFIED, **(MOE if moe else {}), norm_eps=1e-30).double()
+    model = make(**VARIANTS["unified"], **(MOE if moe else {}), norm_eps=1e-30).double()
     randomize_scale_vectors(model)
     logits, grads = logits_and_matrix_grads(model)
     # HG: a g_in per map (a layer's qkv, gate_up; MoE: qkv, experts, shared); the router: no DNP

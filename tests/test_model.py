@@ -34,7 +34,7 @@ def test_shapes_loss_a_dtype_cast_and_generation():
         assert torch.equal(out[:, t], model(out[:, :t])[0][:, -1].argmax(-1))
 
 
-def test_parameter_counts_closed_formulas_dense_and_moe():
+def test_parameter_counts_closed_formulas_dense_and_moe_and_the_flops(monkeypatch):
     c = GPTConfig(**TINY)
     d, V, h, L, hd = c.n_embd, c.padded_vocab, c.hidden, c.n_layer, c.n_embd // c.n_head
     assert h == 96   # 8/3 * 32 rounded up to a multiple of 32
@@ -61,6 +61,14 @@ def test_parameter_counts_closed_formulas_dense_and_moe():
             < GPT(GPTConfig(**TINY, **{**MOE, "n_experts": 16})).flops_per_token() + 6 * d * 12)
     assert GPTConfig(n_embd=768, n_experts=8, n_experts_active=2,
                      n_shared_experts=1).expert_hidden == 704   # 2048 / 3
+    # the peak for MFU: fp32 runs use TF32 (half the bf16 figure); a CPU or an unknown GPU has none
+    assert model_py.peak_flops(torch.device("cpu")) is None
+    gpu = torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    assert (model_py.peak_flops(gpu, torch.bfloat16) == 989e12
+            and model_py.peak_flops(gpu, torch.float32) == 989e12 / 2)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA Z9000")
+    assert model_py.peak_flops(gpu, torch.bfloat16) is None
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
@@ -271,17 +279,6 @@ def test_or_normalizes_alpha_with_norm_eps():
         sv.alpha.fill_(0.1)
         sv.beta.fill_(2.0)
     torch.testing.assert_close(sv(), torch.full((1, 4), 2 * 0.1 / math.sqrt(0.1 ** 2 + 1e-2)))
-
-
-def test_peak_flops_follows_the_dtype_and_knows_no_cpu_peak(monkeypatch):
-    """fp32 runs use TF32 (half the bf16 figure); a CPU or an unknown GPU has no peak: no MFU."""
-    assert model_py.peak_flops(torch.device("cpu")) is None
-    gpu = torch.device("cuda")
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
-    assert (model_py.peak_flops(gpu, torch.bfloat16) == 989e12
-            and model_py.peak_flops(gpu, torch.float32) == 989e12 / 2)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA Z9000")
-    assert model_py.peak_flops(gpu, torch.bfloat16) is None
 
 
 def spread_qkv_vector(frozen_g=False):

@@ -301,8 +301,7 @@ def check_per_expert_vectors_declare_it(reparam, placement):
 CHECKS = (check_vectors_are_exactly_one_at_init,
           check_the_function_at_init_is_that_of_plain_vectors,
           check_the_matrices_share_the_baseline_init, check_no_vector_is_inert, check_folding,
-          check_compiles_in_one_graph, check_moe_paths_agree,
-          check_per_expert_vectors_declare_it)
+          check_compiles_in_one_graph, check_moe_paths_agree, check_per_expert_vectors_declare_it)
 
 
 def check_all(reparam, placement):
