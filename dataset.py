@@ -23,19 +23,14 @@ BYTE_EOT = 256
 BYTE_VOCAB = BYTE_EOT + 1
 TOKENIZERS = ("char", "gpt2", "byte")
 DATASET = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")   # one folder under data/: no "..", no "/"
-NAME_MAX = 255   # the longest name of one file or folder, in bytes (Linux: ext4, xfs, btrfs, tmpfs)
 
 
 def dataset_dir(name):
     """data/<name> under the working directory (the one rule of every tool); a name that is not one
     folder's is one sentence, not a path elsewhere or an OSError."""
-    size = len(os.fsencode(name))
     if DATASET.fullmatch(name) is None:   # ../../tmp/x would read /tmp/x/meta.json
         raise SystemExit(f"error: the dataset name {name[:40]!r} is not one folder name under "
                          "data/ (letters, digits, _ . -, not first a dot)")
-    if size > NAME_MAX:
-        raise SystemExit(f"error: the dataset name {name[:20]}... is {size} bytes long, and a "
-                         f"folder's name is at most {NAME_MAX}: pick a shorter name")
     return Path("data") / name
 
 
@@ -60,7 +55,7 @@ def gpt2_encoding(path=GPT2_RANKS, sha256=GPT2_RANKS_SHA256):
 def load_meta(data_dir):
     """data_dir/meta.json, its values checked (meta_problem)."""
     path = Path(data_dir) / "meta.json"
-    if not path.is_file():
+    if not os.path.isfile(path):   # any OSError too (a name too long): not prepared
         name = Path(data_dir).name
         cmd = (name if name in ("shakespeare_char", "shakespeare", "fineweb_edu")
                else f"text --input FILE --name {name}")
