@@ -52,8 +52,8 @@ def test_a_claim_needs_6_seeds_and_the_interval_and_p_to_agree():
 
 
 def test_the_tuned_pairs_leave_out_the_seeds_that_picked_the_rates():
-    """Issue 40: rates picked over TUNE_SEEDS; the lr grid's tuned rows leave out seed 1, which
-    picked (issue 33); an added row is summarized, not a crash (issue 20.9)."""
+    """Issue 40: rates picked over TUNE_SEEDS, the pairs over the later seeds. (The lr grid's own
+    tuned rows, which no claim reads: its committed summary regenerates, test_reproduce.py.)"""
     results = {}
     for lr in grids.TUNE_LRS:
         for family, best in (("baseline", "1e-3"), ("noscale", "2e-3")):
@@ -67,14 +67,6 @@ def test_the_tuned_pairs_leave_out_the_seeds_that_picked_the_rates():
     assert (tuned["variant"], tuned["baseline"], tuned["seeds"]) == (
         "noscale_lr2e-3", "baseline", list(range(3, 9)))
     assert tuned["mean"] == pytest.approx(0.01) and tuned["verdict"] == "holds"
-    lr = {f"{f}_lr{r}": {s: fake(2.0 + 0.05 * (r != best) + 0.003 * s * (f == "noscale"), s)
-                         for s in (1, 2, 3)}
-          for f, best in (("baseline", "2e-3"), ("noscale", "4e-3")) for r in ("2e-3", "4e-3")}
-    rows = {r["family"]: r for r in report.tuned_rows(grids.lr_grid(), {**lr, "x": {1: fake(1)}})}
-    assert rows["noscale"]["baseline"] == "baseline_lr2e-3" and rows["noscale"]["seeds"] == [2, 3]
-    assert rows["noscale"]["diff_mean"] == pytest.approx(0.0075)   # 0.003 s over seeds 2, 3
-    assert "--variants=baseline_lr2e-3,noscale_lr4e-3" in report.lr_report(
-        {**lr, "x": {1: fake(1)}})[0][-1]
 
 
 def test_the_dnp_split_adds_up_with_p_values_and_the_telemetry_is_read(tmp_path):

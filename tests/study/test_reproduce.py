@@ -21,7 +21,7 @@ from study.grids import Variant
 from telemetry import read_metrics
 
 ONE = {"g": [Variant("a", "config/baseline_char.py", [], None, "", 0)]}
-G = ["--grid=g", "--max_iters=8", "--results_dir=res"]
+G = ["--grid=g", "--max_iters=8", "--results_dir=res[1]"]   # no glob pattern (issue 20.2)
 CODE = {"commit": "c" * 40, "diff": None, "id": "this"}   # others may edit the tree meanwhile
 
 
@@ -43,15 +43,15 @@ def refused(*argv):   # the one sentence argv is refused with
 
 
 def args_of(seed):
-    return reproduce.run_args(ONE["g"][0], 8, [], seed, f"res/runs/a/seed{seed}")
+    return reproduce.run_args(ONE["g"][0], 8, [], seed, f"res[1]/runs/a/seed{seed}")
 
 
 def interrupted(seed, code=CODE, change=None, loadable=True):
-    """res/runs/a/seed<seed> as a stop leaves it: a checkpoint at iteration 4 of the grid's config
+    """res[1]/runs/a/seed<seed> as a stop leaves it: a checkpoint at iteration 4 of the grid's config
     (or `change`d), `latest`, a run.json of the grid's settings by `code` (None: no run.json).
     (The folder, its files' bytes)"""
     import torch
-    run = Path(f"res/runs/a/seed{seed}")
+    run = Path(f"res[1]/runs/a/seed{seed}")
     run.mkdir(parents=True)
     config = {**reproduce.train_config("config/baseline_char.py", tuple(args_of(seed))),
               "out_dir": "moved/elsewhere", "init_from": "resume", **(change or {})}
@@ -66,38 +66,44 @@ def interrupted(seed, code=CODE, change=None, loadable=True):
     return run, {p.name: p.read_bytes() for p in run.iterdir()}
 
 
-def test_finished_runs_are_skipped_interrupted_ones_resumed_and_one_code_per_folder(
+def test_finished_runs_are_skipped_interrupted_resumed_failed_run_again_one_code_per_folder(
         monkeypatch, capsys):
     """Seeds 5-7: checkpoints no record accounts for (a hand run: the checkpoint's config is the
     truth, whatever run.json says), neither resumed nor deleted, --replace or not. Seeds: 1 done,
-    2 interrupted under other code, 3 new, 4 a torn result.json (run again). Other code adds no
-    run (issue 19.5) unless --mixed_code; a dry run shows the plan and ends with the refusal
-    (31.13); a run resumed under other code records both."""
+    2 interrupted under other code, 3 failing once (its log's last line shown), 4 a torn
+    result.json. Other code adds no run (issue 19.5) unless --mixed_code; a dry run shows the plan
+    and ends with the refusal (31.13); a run resumed under other code records both. One reproduce
+    per folder (20.11); 'res[1]' is no pattern that reaches res1 (20.2); each record fsynced under
+    a temporary name, renamed, its folder fsynced (31.1); no run starts after a code edit."""
     monkeypatch.setattr(reproduce, "code_version", lambda: CODE)
     lost = [interrupted(5, change={"learning_rate": 0.01}), interrupted(6, loadable=False),
             interrupted(7, code=None)]
     for more in (["--dry_run"], ["--replace", "--mixed_code"]):
         assert refused(*G, "--seeds=7", *more) == (
-            "error: run folders of res hold checkpoints this grid cannot account for (res/runs/a/"
-            "seed5: ckpt_0000004.pt was trained with learning_rate=0.01, not 0.001; res/runs/a/"
-            "seed6: none of its checkpoints loads; res/runs/a/seed7: no readable run.json): they "
-            "are neither resumed nor deleted; move them elsewhere (or delete them yourself), or "
-            "use another --results_dir")
+            "error: run folders of res[1] hold checkpoints this grid cannot account for (res[1]/"
+            "runs/a/seed5: ckpt_0000004.pt was trained with learning_rate=0.01, not 0.001; res[1]/"
+            "runs/a/seed6: none of its checkpoints loads; res[1]/runs/a/seed7: no readable "
+            "run.json): they are neither resumed nor deleted; move them elsewhere (or delete them "
+            "yourself), or use another --results_dir")
     assert [{p.name: p.read_bytes() for p in run.iterdir()} for run, _ in lost] == [
         files for _, files in lost]
+    Path("res1/runs/a/seed1").mkdir(parents=True)
+    Path("res1/runs/a/seed1/ckpt_0000010.pt").write_text("another grid's")
     done = {"variant": "a", "seed": 1, "args": args_of(1), "val_loss": 2.0, "wall_s": 1.0,
             "curve": [[0, 4.0], [8, 2.0]], "sv_means": {}, "code": CODE}
     for seed, result in ((1, json.dumps(done)), (4, '{"variant": "a", "se')):
-        os.makedirs(f"res/runs/a/seed{seed}")
-        Path(f"res/runs/a/seed{seed}/result.json").write_text(result)
+        os.makedirs(f"res[1]/runs/a/seed{seed}")
+        Path(f"res[1]/runs/a/seed{seed}/result.json").write_text(result)
     old = {"commit": "o" * 40, "diff": None, "id": "old"}
     run, files = interrupted(2, old)
     calls = []   # (command, the bytes of the checkpoint it may resume, None if gone)
 
-    def train(self, cmd, **kw):   # a train.py that ends at once, its metrics torn as by a kill
+    def train(self, cmd, stdout, **kw):   # a train.py that ends at once, its metrics torn by a kill
         out, n = reproduce.arg_value(cmd, "out_dir"), int(reproduce.arg_value(cmd, "max_iters"))
         ckpt = Path(out, "ckpt_0000004.pt")
         calls.append((cmd[3:], ckpt.read_bytes() if ckpt.exists() else None))
+        if len(calls) == 2:   # seed 3, the first time
+            return stdout.write("the last line\n") and 1
         recs = [{"kind": "eval", "iter": i, "val_loss": 3.0 - i / 8, "train_loss": 2.5}
                 for i in range(0, n + 1, 4)] + [{"kind": "final", "val_loss": 1.5}]
         Path(out, "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs)
@@ -105,20 +111,43 @@ def test_finished_runs_are_skipped_interrupted_ones_resumed_and_one_code_per_fol
         Path(out, f"ckpt_{n:07d}.pt").write_bytes(b"ckpt")
         return 0
     out, msg = dry(capsys, *G, "--seeds=4"), refused(*G, "--seeds=4")
-    assert "res holds runs of other code (1 of old) than this checkout's (this)" in msg, msg
+    assert "res[1] holds runs of other code (1 of old) than this checkout's (this)" in msg, msg
     assert "4 runs, 1 done" in out and out.endswith(f"is refused: {msg[len('error: '):]}\n")
     assert [line.split(" python ")[0].strip() for line in out.splitlines()
             if " python " in line] == ["done", "resume", "to do", "to do"], out
+    held = reproduce.lock_results("res[1]")
+    msg = refused(*G, "--mixed_code")
+    held.close()
+    assert f"results folder res[1] is in use by another process (pid {os.getpid()})" in msg, msg
+    events, fsync, replace = [], os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: events.append(
+        ("fsync", os.readlink(f"/proc/self/fd/{fd}"))) or fsync(fd))
+    monkeypatch.setattr(os, "replace", lambda a, b: events.append(
+        ("replace", os.path.abspath(b))) or replace(a, b))
     monkeypatch.setattr(reproduce.Children, "run", train)
+    assert reproduce.main([*G, "--seeds=4", "--jobs=1", "--mixed_code"], ONE) == 1
+    assert "a seed 3: FAILED (exit 1, no evaluation: the last line)" in capsys.readouterr().out
     assert reproduce.main([*G, "--seeds=4", "--jobs=1", "--mixed_code"], ONE) == 0
     assert calls == [([*args_of(2), "--init_from=resume"], files["ckpt_0000004.pt"]),
-                     (args_of(3), None), (args_of(4), None)], calls
+                     (args_of(3), None), (args_of(4), None), (args_of(3), None)], calls
+    renamed = [(i, to) for i, (what, to) in enumerate(events) if what == "replace"]
+    assert {os.path.basename(to) for _, to in renamed} == {
+        "run.json", "result.json", "summary.json", "summary.md"}, events
+    for i, to in renamed:   # fsynced under a temporary name before, its folder fsynced after
+        assert any(path.startswith(f"{to}.tmp") for _, path in events[:i]), (to, events)
+        assert ("fsync", os.path.dirname(to)) in events[i + 1:], (to, events)
     result = json.loads((run / "result.json").read_text())
     assert result["codes"] == [old, CODE] and result["wall_s"] >= 3.0
     assert result["curve"] == [[0, 3.0], [4, 2.5], [8, 2.0]] and result["val_loss_full"] == 1.5
     assert not list(run.glob("ckpt_*"))   # a CPU run's checkpoints go once its result is written
     assert ("1 by old (commit oooooooooooo) then this (commit cccccccccccc) (resumed under other "
-            "code); 3 by this (commit cccccccccccc).") in Path("res/summary.md").read_text()
+            "code); 3 by this (commit cccccccccccc).") in Path("res[1]/summary.md").read_text()
+    assert os.listdir("res1/runs/a/seed1") == ["ckpt_0000010.pt"]
+    ids = iter(["this", "new"])   # the code is edited after the grid's start
+    monkeypatch.setattr(reproduce, "code_version", lambda: {**CODE, "id": next(ids, "new")})
+    assert reproduce.main(["--grid=g", "--seeds=2", "--results_dir=new"], ONE) == 1
+    assert capsys.readouterr().out.count("interrupted (not started: the code changed since this "
+                                         "grid started (this -> new)") == 2
 
 
 def test_a_folder_holds_one_settings_and_its_summary_regenerates_from_the_committed_results(
@@ -156,44 +185,6 @@ def test_a_folder_holds_one_settings_and_its_summary_regenerates_from_the_commit
                                   .read_text()), "command": None} for r in (".", ROOT))
         # exact but for the scaling fit's power laws (numpy): 4e-14 apart across CPUs
         assert leaves(new) == pytest.approx(leaves(old), rel=1e-9)
-
-
-def test_one_reproduce_per_folder_a_failure_runs_again_records_fsynced_code_kept(
-        monkeypatch, capsys):
-    """A second invocation on a folder is one sentence (issue 20.11); 'res[1]' is no pattern that
-    reaches res1 (20.2); a failure, with its log's last line, runs again; every record fsynced
-    under a temporary name, renamed, its folder fsynced (31.1); no run starts after a code edit."""
-    monkeypatch.setattr(reproduce, "code_version", lambda: CODE)
-    held = reproduce.lock_results("res")
-    assert f"results folder res is in use by another process (pid {os.getpid()})" in refused(*G)
-    held.close()
-    assert os.listdir("res") == ["lock"]
-    other = Path("res1/runs/a/seed1")
-    other.mkdir(parents=True)
-    for name in ("ckpt_0000010.pt", "latest", "metrics.jsonl"):
-        (other / name).write_text("another grid's")
-    monkeypatch.setattr(reproduce.Children, "run", lambda self, cmd, stdout, **kw: stdout.write(
-        "the last line\n") and 1)   # train.py fails at once
-    events, fsync, replace = [], os.fsync, os.replace
-    monkeypatch.setattr(os, "fsync", lambda fd: events.append(
-        ("fsync", os.readlink(f"/proc/self/fd/{fd}"))) or fsync(fd))
-    monkeypatch.setattr(os, "replace", lambda a, b: events.append(
-        ("replace", os.path.abspath(b))) or replace(a, b))
-    for _ in range(2):   # the next invocation runs it again
-        assert reproduce.main(["--grid=g", "--seeds=1", "--results_dir=res[1]"], ONE) == 1
-        assert "a seed 1: FAILED (exit 1, no evaluation: the last line)" in capsys.readouterr().out
-    assert sorted(os.listdir(other)) == ["ckpt_0000010.pt", "latest", "metrics.jsonl"]
-    renamed = [(events[i - 1][1], path, events[i + 1][1])   # (fsynced, renamed to, fsynced)
-               for i, (what, path) in enumerate(events) if what == "replace"]
-    assert {os.path.basename(to) for _, to, _ in renamed} == {
-        "run.json", "summary.json", "summary.md"}, events
-    assert all(tmp.startswith(f"{to}.tmp") and folder == os.path.dirname(to)
-               for tmp, to, folder in renamed), events
-    ids = iter(["this", "new"])   # the code is edited after the grid's start
-    monkeypatch.setattr(reproduce, "code_version", lambda: {**CODE, "id": next(ids, "new")})
-    assert reproduce.main([*G, "--seeds=2"], ONE) == 1
-    assert capsys.readouterr().out.count("interrupted (not started: the code changed since this "
-                                         "grid started (this -> new)") == 2
 
 
 def test_the_code_id_follows_the_python_code_not_the_commit(tmp_path, monkeypatch):
