@@ -39,6 +39,9 @@ folder holds one code version: adding runs of other code to it is refused unless
 and a grid stops starting runs if the code changes under it (study/README.md); --dry_run shows the
 plan all the same and says so. A run resumed under other code records each ("codes").
 
+Results are read by their row's name: a row (of a grid or --add) named after a variant of
+config/variants.py must run what its name says (grids.name_says), or the grid is refused.
+
 The grids are grids.py, the statistics and reports report.py, the figures plots.py.
 """
 import argparse

@@ -2,7 +2,6 @@
 rows; train.py stood in for (Children.run) but in one slow test of real train.py processes."""
 import json
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -47,8 +46,8 @@ def args_of(seed):
 
 
 def interrupted(seed, code=CODE, change=None, loadable=True):
-    """res[1]/runs/a/seed<seed> as a stop leaves it: a checkpoint at iteration 4 of the grid's config
-    (or `change`d), `latest`, a run.json of the grid's settings by `code` (None: no run.json).
+    """res[1]/runs/a/seed<seed> as a stop leaves it: a checkpoint at iteration 4 of the grid's
+    config (or `change`d), `latest`, a run.json of the grid's settings by `code` (None: none).
     (The folder, its files' bytes)"""
     import torch
     run = Path(f"res[1]/runs/a/seed{seed}")
@@ -177,7 +176,7 @@ def test_a_folder_holds_one_settings_and_its_summary_regenerates_from_the_commit
         capsys, "--variants=moe_unified", "--seeds=7", "--mixed_code")
     for path in sorted(Path(ROOT, "study/results").glob("*/summary.md")):   # all 10
         old = path.read_text().splitlines()
-        argv = shlex.split(old[2].split("`")[1])[3:]   # Last command: `python -m study.reproduce ..`
+        argv = shlex.split(old[2].split("`")[1])[3:]   # "Last command: `python -m ...`"
         assert reproduce.main(argv + ["--variants=noscale"] * (argv == ["--summary_only"])) == 0
         new = Path("study/results", path.parent.name, "summary.md").read_text().splitlines()
         assert new[3:] == old[3:] and len(old) > 10, path
@@ -188,7 +187,7 @@ def test_a_folder_holds_one_settings_and_its_summary_regenerates_from_the_commit
 
 
 def test_the_code_id_follows_the_python_code_not_the_commit(tmp_path, monkeypatch):
-    """A commit of prose keeps the id; a Python edit, or a new .py file, changes it and is a diff."""
+    """A commit of prose keeps the id; a Python edit or a new .py file changes it and is a diff."""
     def git(*args):
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
                        check=True, capture_output=True)
