@@ -42,8 +42,7 @@ def make(seed=0, **kw):
     return model_py.GPT(model_py.GPTConfig(**{**TINY, **kw}))
 
 
-# ---- the variant tables walked: every entry, built with every other flag (test_variant_tables,
-# tools/test_export_hf)
+# ---- the variant tables walked: each entry with the other flags (test_variant_tables, export_hf)
 
 def defaults():
     return {f.name: f.default for f in fields(model_py.GPTConfig)}

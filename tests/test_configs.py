@@ -19,8 +19,7 @@ CONFIGS = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "config")) if f.e
                  and f not in ("__init__.py", "defaults.py", "variants.py"))   # library modules
 # The parameters of each config as train.py counts them (and, for an MoE, those one token uses):
 # _char is 4 x 128 on Tiny Shakespeare's 65 characters, _124m 12 x 768 and _350m 24 x 1024 on
-# GPT-2's 50,257 tokens (50,304 rows), embeddings tied. The paper's "at most 7.85e-5" extra
-# parameters: report.param_overheads counts them at three sizes (study/results/scaling).
+# GPT-2's 50,257 tokens (50,304 rows), embeddings tied.
 SIZES = {
     "shakespeare_char": 812_288, "baseline_char": 812_288, "baseline_124m": 123_587_328,
     "baseline_350m": 355_124_224, "noscale_char": 811_136, "noscale_124m": 123_568_128,
@@ -71,10 +70,9 @@ def bpe_workdir(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("name, compiled", [("unified_124m", True), ("moe_unified_124m", False)])
 def test_a_124m_config_trains_on_cpu_as_a_node_runs_it_and_resumes(name, compiled, bpe_workdir):
-    """768 wide, its optimizer and schedule, in the dtype train.py picks on a CPU (float32; bf16
-    autocast: test_train.py); only the micro-batch, block, steps, dataset and depth made small:
-    2 steps, a checkpoint, a resume to step 3. No whole-split evaluation at the end: 2 x 36,059
-    tokens of eager 124M forwards, 10 minutes."""
+    """768 wide, its optimizer and schedule, in the dtype train.py picks on a CPU (float32; bf16:
+    test_train.py); micro-batch, block, steps, dataset, depth made small: 2 steps, a checkpoint, a
+    resume to step 3. No whole-split evaluation at the end (2 x 36,059 tokens of 124M: 10 min)."""
     cmd = [sys.executable, os.path.join(ROOT, "train.py"), os.path.join(ROOT, f"config/{name}.py"),
            "--dataset=shakespeare", "--batch_size=1", "--block_size=32",
            "--gradient_accumulation_steps=2", "--eval_interval=2", "--eval_iters=1",

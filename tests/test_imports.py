@@ -57,8 +57,7 @@ def test_no_crossing_no_script_importing_or_parsing_a_script_no_cycle_at_most_fo
 
 
 def test_the_cores_tests_import_neither_tools_nor_study():
-    """Issue 37: tests/*.py test the core alone (a fork may delete tools/ and study/); what tests a
-    tool or the study lives in tests/tools/ or tests/study/."""
+    """Issue 37: tests/*.py test the core alone (a fork may delete tools/, study/, their tests)."""
     for f in sorted(os.listdir(os.path.join(ROOT, "tests"))):
         if f.endswith(".py"):
             names = imported(os.path.join("tests", f))

@@ -171,10 +171,9 @@ def test_the_vector_stats_name_each_branch_and_expert_and_without_vectors_no_g_t
 
 
 def test_the_initial_weights_are_pinned_and_follow_the_role():
-    """Seed 0 gives these weights bit for bit on every CPU (drawn in float64, then rounded: one
-    hash under ATEN_CPU_CAPABILITY=default, avx2, avx512; issue 29): a new order of construction or
-    draws, or init rule, fails here. Residual writers (the MoE experts' stacked down projections
-    and the shared expert's too): std 0.02 / sqrt(2 * n_layer); others 0.02."""
+    """Seed 0 gives these weights bit for bit on every CPU (drawn in float64, then rounded: one hash
+    under ATEN_CPU_CAPABILITY=default, avx2, avx512; issue 29). Residual writers (the MoE's stacked
+    and shared experts' down too): std 0.02 / sqrt(2 * n_layer); others 0.02."""
     sd = make(seed=0).state_dict()
     # the shortest reprs of float32 values: each names one float32, so the match is exact
     pinned = {"wte": [-0.0022199145, 0.031279553, -0.0034485613],
@@ -206,9 +205,8 @@ def test_the_initial_weights_are_pinned_and_follow_the_role():
 @pytest.mark.parametrize("width", ["full", "head"])
 def test_dense_dnp_is_the_formula_per_head_and_per_branch(width):
     """q, k, v = g_out * Norm_per_head(W (g_in * Norm(x))), gate, up = g_out * Norm(W (g_in *
-    Norm(x))) over the branch's width, by hand from the raw parameters (HG: a g_in per branch);
-    width "head" is the same with g_out repeated over the width: one hd-row on each head, one
-    number for gate and one for up. g_out, after a Norm, is of the class sv_output."""
+    Norm(x))) over the branch, by hand from the raw parameters (HG: a g_in per branch); width
+    "head": g_out repeated over the width (an hd-row per head, a number for gate and one for up)."""
     kw = dict(sv_placement="dnp", sv_hetero=True)
     model = make(**kw, sv_dnp_width=width)
     randomize_scale_vectors(model)

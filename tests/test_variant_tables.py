@@ -56,8 +56,7 @@ def moved(model, names):
 
 
 def folded(model, factors):
-    """A copy of `model` (its vectors as they are) whose weights {path: factor} are multiplied by
-    their factors: each a new tensor, so a tied head is untied."""
+    """A copy of `model`, its weights {path: factor} multiplied (new tensors: tied heads untie)."""
     out = copy.deepcopy(model)
     with torch.no_grad():
         for key, factor in factors.items():
@@ -101,8 +100,7 @@ def check_the_function_at_init_is_that_of_plain_vectors(reparam, placement):
             sv.folds_into == AFTER_NORM for sv in vectors(model).values())
         if not norms:
             base = make(**{k: v for k, v in kw.items() if k not in model_py.VECTOR_FLAGS})(idx)[0]
-            assert torch.equal(logits, base), (
-                f"{label}: the logits at init differ from the baseline's")
+            assert torch.equal(logits, base), f"{label}: the logits at init are not the baseline's"
 
 
 def check_the_matrices_share_the_baseline_init(reparam, placement):
