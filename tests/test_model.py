@@ -48,8 +48,7 @@ def test_parameter_counts_closed_formulas_dense_and_moe_and_the_flops(monkeypatc
     # DNP "head": g_out of 3 * head_dim (q, k, v) and 2 (gate, up; per expert and shared expert)
     assert extra(sv_placement="dnp", sv_dnp_width="head") == L * (3 * hd + 2)
     assert extra(MOE, sv_placement="dnp", sv_dnp_width="head") == L * (3 * hd + 2 * 4 + 2 * 1)
-    # an MoE layer: the router, E experts and the shared one instead of the dense SwiGLU; a token
-    # sees k of the E experts
+    # an MoE layer: router, E experts, the shared one instead of the dense SwiGLU; a token sees k
     moe = make(**MOE, moe_dense_layers=1)
     c, dense = moe.config, make()
     he, E, k = c.expert_hidden, c.n_experts, c.n_experts_active

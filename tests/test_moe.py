@@ -74,8 +74,7 @@ def test_topk_gates_and_exactly_k_experts_per_token_and_top1_gates_learn(variant
     ref = torch.stack([sum(gates[n, j] * expert_fn(moe, int(ids[n, j]), x[n]) for j in range(3))
                        for n in range(48)])
     assert close(out, ref)
-    assert (moe.load.sum() == 48 * 3
-            and torch.equal(moe.load, torch.bincount(ids.flatten(), minlength=8).float()))
+    assert torch.equal(moe.load, torch.bincount(ids.flatten(), minlength=8).float())   # 48 x 3
     # top-1 keeps the router's score as the gate (not 1), so the router learns
     gpt, moe = moe_layer(n_experts=4, n_experts_active=1)
     ids, gates, scores = moe.route(x)
