@@ -14,9 +14,12 @@ def fake(val, seed=1, **more):
     return {"val_loss": val, "seed": seed, "curve": [[0, 4.0], [10, val]], "wall_s": 1.0, **more}
 
 
-def test_the_paired_table_sign_flip_p_t_interval_and_whole_split():
+def test_the_paired_table_and_the_claim_rule():
     """t975: the table to 30 degrees of freedom, then within 2e-4 (issue 40: 12 seeds took its last
-    entry, 1.2% too wide); the whole val split where both have it; a row never run is not listed"""
+    entry, 1.2% too wide); the whole val split where both have it; a row never run is not listed.
+    A claim (issue 40): under 6 seeds p >= 2/32; an interval excluding 0 with p >= 0.05 is no
+    result, nor a mean 2.5 standard errors from 0 whose interval covers it (ER once read "beyond
+    noise")."""
     assert report.sign_flip_p([3.0, 1.0, 1.0]) == 2 / 8   # |sum| >= 5: (+,+,+) and (-,-,-)
     assert report.sign_flip_p([1.0, -1.0]) == 1.0 and report.sign_flip_p([0.5]) is None
     assert [report.t975(n) for n in (3, 11, 30)] == [3.182, 2.201, 2.042]
@@ -34,11 +37,6 @@ def test_the_paired_table_sign_flip_p_t_interval_and_whole_split():
     assert report.paired_diffs(a, b)[1] == pytest.approx([-0.1, -0.2])
     # a baseline from before the whole-split record: both on the 20 batches
     assert report.paired_diffs(a, {1: fake(2.2), 2: fake(2.2)})[1] == pytest.approx([-0.2, -0.1])
-
-
-def test_a_claim_needs_6_seeds_and_the_interval_and_p_to_agree():
-    """Issue 40: under 6 seeds p >= 2/32; an interval excluding 0 with p >= 0.05 is no result, nor
-    a mean 2.5 standard errors from 0 whose interval covers it (ER once read "beyond noise")."""
     five = [-0.01, -0.012, -0.011, -0.009, -0.013]
     assert report.claim_verdict(five, -1) == "not resolved (n too small for p < 0.05)"
     six = five + [-0.01]

@@ -45,19 +45,19 @@ def args_of(seed):
     return reproduce.run_args(ONE["g"][0], 8, [], seed, f"res[1]/runs/a/seed{seed}")
 
 
-def interrupted(seed, code=CODE, change=None, loadable=True):
+def interrupted(seed, code=CODE, ckpt=None, **change):
     """res[1]/runs/a/seed<seed> as a stop leaves it: a checkpoint at iteration 4 of the grid's
-    config (or `change`d), `latest`, a run.json of the grid's settings by `code` (None: none).
-    (The folder, its files' bytes)"""
+    config (`change`d; or the bytes `ckpt`), `latest`, a run.json of the grid's settings by `code`
+    (None: none). (The folder, its files' bytes)"""
     import torch
     run = Path(f"res[1]/runs/a/seed{seed}")
     run.mkdir(parents=True)
     config = {**reproduce.train_config("config/baseline_char.py", tuple(args_of(seed))),
-              "out_dir": "moved/elsewhere", "init_from": "resume", **(change or {})}
+              "out_dir": "moved/elsewhere", "init_from": "resume", **change}
     torch.save({"model": {"w": torch.zeros(2)}, "optimizers": [], "model_args": {},
                 "config": config, "iter_num": 4, "best_val_loss": 2.0}, run / "ckpt_0000004.pt")
-    if not loadable:
-        (run / "ckpt_0000004.pt").write_bytes(b"not a checkpoint")
+    if ckpt:
+        (run / "ckpt_0000004.pt").write_bytes(ckpt)
     (run / "latest").write_text("ckpt_0000004.pt")
     if code:
         (run / "run.json").write_text(json.dumps({"args": args_of(seed), "wall_s": 3.0,
@@ -75,8 +75,7 @@ def test_finished_runs_are_skipped_interrupted_resumed_failed_run_again_one_code
     per folder (20.11); 'res[1]' is no pattern that reaches res1 (20.2); each record fsynced under
     a temporary name, renamed, its folder fsynced (31.1); no run starts after a code edit."""
     monkeypatch.setattr(reproduce, "code_version", lambda: CODE)
-    lost = [interrupted(5, change={"learning_rate": 0.01}), interrupted(6, loadable=False),
-            interrupted(7, code=None)]
+    lost = [interrupted(5, learning_rate=0.01), interrupted(6, ckpt=b"?"), interrupted(7, None)]
     for more in (["--dry_run"], ["--replace", "--mixed_code"]):
         assert refused(*G, "--seeds=7", *more) == (
             "error: run folders of res[1] hold checkpoints this grid cannot account for (res[1]/"
