@@ -311,17 +311,14 @@ def check_all(reparam, placement):
 
 # ---- the tables drive the tests -----------------------------------------------------------------
 
-ids = lambda e: "-".join(e) if isinstance(e, tuple) else e   # noqa: E731
-
-
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__[len("check_"):])
-@pytest.mark.parametrize("entry", entries(), ids=ids)
+@pytest.mark.parametrize("entry", entries(), ids="-".join)
 def test_every_entry_of_the_tables(entry, check):
     check(*entry)
 
 
 @pytest.mark.parametrize("policy", list(model_py.DECAY_POLICIES))
-@pytest.mark.parametrize("entry", entries(), ids=ids)
+@pytest.mark.parametrize("entry", entries(), ids="-".join)
 def test_the_decay_groups_follow_the_declarations_and_the_policy(entry, policy):
     check_decay_groups(*entry, policy)
 
