@@ -18,7 +18,7 @@ from model import GPT, GPTConfig
 
 # the keys train.py writes and their types: a file without them is not a checkpoint of this project
 REQUIRED_KEYS = {"model": dict, "optimizers": list, "model_args": dict, "config": dict,
-                 "iter_num": int, "best_val_loss": (int, float)}
+                 "iter_num": int, "best_val_loss": (int, float), "vocab": dict}
 CKPT = re.compile(r"ckpt_(\d{7,})\.pt")   # the only checkpoint names train.py writes
 TEMPORARY = re.compile(r"(ckpt_\d{7,}\.pt|latest|metrics\.jsonl)\.tmp\d+")   # atomic_write's
 ADVICE = {errno.ENOSPC: "the disk is full: free space", errno.EDQUOT: "the quota is full",
@@ -244,9 +244,7 @@ def check_resume(path, ckpt, config, model_args, vocab, tokens_per_iter):
     if mismatched:
         raise CheckpointError(f"{path} was trained with a different model or optimizer; "
                               f"mismatched keys (checkpoint, requested): {', '.join(mismatched)}")
-    old = ckpt["config"]
-    if ckpt.get("vocab", vocab) != vocab or ("vocab" not in ckpt
-                                             and old.get("dataset") != config["dataset"]):
+    if ckpt["vocab"] != vocab:
         raise CheckpointError(
             f"{path} was trained on another vocabulary than {dataset_dir(config['dataset'])}/"
             "meta.json now holds (the same token ids would mean other text): prepare "
@@ -256,7 +254,7 @@ def check_resume(path, ckpt, config, model_args, vocab, tokens_per_iter):
         notes.append(f"{path} is at iteration {ckpt['iter_num']} and max_iters="
                      f"{config['max_iters']}: nothing to train (raise --max_iters to go on)")
     batch = ("gradient_accumulation_steps", "batch_size", "block_size")
-    old_tokens = math.prod(old.get(k, 0) for k in batch)
+    old_tokens = math.prod(ckpt["config"].get(k, 0) for k in batch)
     if old_tokens != tokens_per_iter:   # legal (the command line wins), worth a line
         notes.append(f"warning: the checkpoint was trained with {old_tokens:,} tokens per "
                      f"iteration, this run uses {tokens_per_iter:,} ({' x '.join(batch)})")

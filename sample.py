@@ -20,7 +20,7 @@ import checkpoint
 import telemetry
 from configurator import (ConfigError, at_least, check_device, configure, default_device,
                           device_name, folder, key_comments)
-from dataset import dataset_dir, decode_stream, get_tokenizer, load_meta, meta_problem
+from dataset import decode_stream, get_tokenizer, meta_problem
 
 out_dir = "out"         # the run to sample from: its newest complete checkpoint
 start = "\n"            # the prompt, or FILE:path to read it from a file
@@ -48,19 +48,10 @@ try:
 except checkpoint.CheckpointError as e:
     sys.exit(f"error: {e}")
 model.eval().to(device)
-# the run's recorded vocabulary; a checkpoint from before that record: its dataset's meta.json
-meta, source = ckpt.get("vocab"), f"{path}'s vocabulary"
-if meta is None:
-    meta = load_meta(dataset_dir(str(ckpt["config"].get("dataset"))))
-    source = f"data/{ckpt['config'].get('dataset')}/meta.json"
-elif meta_problem(meta):
-    sys.exit(f"error: {path} records a vocabulary that is not one (corrupt or edited): "
+meta = ckpt["vocab"]   # the run's own (dataset.vocabulary), not today's meta.json
+if meta_problem(meta) or meta["vocab_size"] != ckpt["model_args"].get("vocab_size"):
+    sys.exit(f"error: {path} records a vocabulary that is not its model's (corrupt or edited): "
              "sample from another checkpoint")
-# prepared again: another tokenizer or text
-if meta["vocab_size"] != ckpt["model_args"].get("vocab_size"):
-    sys.exit(f"error: {path} was trained on a vocabulary of {ckpt['model_args'].get('vocab_size')} "
-             f"tokens, but {source} has {meta['vocab_size']}: prepare that dataset as it was for "
-             "this checkpoint")
 encode, decode = get_tokenizer(meta)
 
 if start.startswith("FILE:"):   # at most what the model can see: a prompt of block_size tokens

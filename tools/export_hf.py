@@ -48,7 +48,7 @@ import checkpoint
 from configurator import ConfigError, boolean, configure, folder, key_comments
 from model import GPT, PLACEMENTS
 # gpt2_encoding checks the vendored file's sha256
-from dataset import EOT, TOKENIZERS, dataset_dir, gpt2_encoding, load_meta
+from dataset import EOT, gpt2_encoding
 
 out_dir = "out"   # the run: its newest complete checkpoint is exported
 to = ""           # the folder to write: new, empty or an earlier export (replaced whole)
@@ -382,19 +382,6 @@ def compare(model, folder, n_tokens=64, seed=0):
     return (hf_logits - logits).abs().max().item(), (loss - sliced).item()
 
 
-def tokenizer_of(ckpt):
-    """'gpt2', 'char', 'byte' or None (unknown): the tokenizer the run's data was prepared with,
-    as the checkpoint records it (dataset.vocabulary); for a checkpoint written before that record,
-    from today's meta.json."""
-    vocab = ckpt.get("vocab")
-    if isinstance(vocab, dict) and vocab.get("tokenizer") in TOKENIZERS:
-        return vocab["tokenizer"]
-    dataset = ckpt.get("config", {}).get("dataset")
-    if not dataset or not os.path.isfile(dataset_dir(str(dataset)) / "meta.json"):
-        return None
-    return load_meta(dataset_dir(str(dataset)))["tokenizer"]
-
-
 # the values each key allows, for --help and the checks
 RULES = {"out_dir": folder, "verify": boolean,
          "to": (lambda v: True, "required; never a run's out_dir or a folder of other files")}
@@ -417,7 +404,7 @@ def main(argv):
                               "install safetensors (it is in requirements-test.txt)") from None
     except (ConfigError, checkpoint.CheckpointError, ExportError) as e:
         sys.exit(f"error: {e}")
-    tok = tokenizer_of(ckpt)
+    tok = ckpt["vocab"].get("tokenizer")   # what the run's data was prepared with, as recorded
     if tok == "gpt2" and model.config.vocab_size != GPT2_VOCAB:
         sys.exit("error: the run's data is GPT-2 BPE but the model has "
                  f"vocab_size={model.config.vocab_size}, not {GPT2_VOCAB}")
@@ -432,11 +419,10 @@ def main(argv):
           "head " + ('tied, g_final in model.norm.weight' if c.tie_embeddings
                      else 'untied, g_final folded into lm_head'))
     print({"gpt2": "tokenizer: GPT-2 BPE (vocab.json, merges.txt)",
-           "char": "tokenizer: none written (a char-level vocabulary; ids are meta.json's "
-                   "'chars' indices)",
+           "char": "tokenizer: none written (a char-level vocabulary; ids index the 'chars' "
+                   "of the checkpoint's vocab)",
            "byte": "tokenizer: none written (byte-level: 0-255 are UTF-8 bytes, 256 ends text)",
-           None: f"tokenizer: none written (no data/{ckpt.get('config', {}).get('dataset')}"
-                 "/meta.json to tell which)"}.get(tok, f"tokenizer: none written ({tok!r})"))
+           }.get(tok, f"tokenizer: none written ({tok!r})"))
     if args["verify"]:
         try:
             diff, pad = compare(model, args["to"])

@@ -55,7 +55,8 @@ def interrupted(seed, code=CODE, ckpt=None, **change):
     config = {**reproduce.train_config("config/baseline_char.py", tuple(args_of(seed))),
               "out_dir": "moved/elsewhere", "init_from": "resume", **change}
     torch.save({"model": {"w": torch.zeros(2)}, "optimizers": [], "model_args": {},
-                "config": config, "iter_num": 4, "best_val_loss": 2.0}, run / "ckpt_0000004.pt")
+                "config": config, "iter_num": 4, "best_val_loss": 2.0, "vocab": {}},
+               run / "ckpt_0000004.pt")
     if ckpt:
         (run / "ckpt_0000004.pt").write_bytes(ckpt)
     (run / "latest").write_text("ckpt_0000004.pt")

@@ -32,8 +32,8 @@ def files():   # every file under the test's folder, and its bytes
     return {p: p.read_bytes() for p in Path().rglob("*") if p.is_file()}
 
 
-def write_run(tokenizer="char", vocab=None, **flags):
-    """out/ and data/tiny/meta.json as train.py and prepare_data.py leave them; vectors far from 1,
+def write_run(tokenizer="char", **flags):
+    """out/ as train.py leaves it (its vocabulary recorded); vectors far from 1,
     logits of order 10: a wrong fold or RoPE layout moves them by far more than 1e-4."""
     cfg = model_py.GPTConfig(**{**TINY, **flags})
     model, gen = model_py.GPT(cfg).eval(), torch.Generator().manual_seed(0)
@@ -43,28 +43,24 @@ def write_run(tokenizer="char", vocab=None, **flags):
             noise = torch.randn(p.shape, generator=gen)
             p.add_(0.3 * noise) if cls.startswith("sv_") else p.copy_(
                 noise * (0.5 if cls == "embedding" else p.size(-1) ** -0.5))
-    checkpoint.save("out", dict(
-        model=model.state_dict(), optimizers=[], config={"dataset": "tiny"}, model_args=vars(cfg),
-        iter_num=7, best_val_loss=1.0, **({"vocab": vocab} if vocab else {})), 7)
-    meta = dict(tokenizer=tokenizer, vocab_size=cfg.vocab_size)
+    vocab = dict(tokenizer=tokenizer, vocab_size=cfg.vocab_size)   # dataset.vocabulary's
     if tokenizer == "char":
-        meta["chars"] = "".join(map(chr, range(33, 33 + cfg.vocab_size)))
-    os.makedirs("data/tiny")
-    Path("data/tiny/meta.json").write_text(json.dumps(meta))
+        vocab["chars"] = "".join(map(chr, range(33, 33 + cfg.vocab_size)))
+    checkpoint.save("out", dict(model=model.state_dict(), optimizers=[], config={},
+                                model_args=vars(cfg), iter_num=7, best_val_loss=1.0, vocab=vocab), 7)
     return model
 
 
-@pytest.mark.parametrize("arch, flags, tokenizer, vocab, written", [
-    ("Llama", dict(vocab_size=50257, n_embd=32, sv_hetero=True), "gpt2", None, "GPT-2 BPE"),
+@pytest.mark.parametrize("arch, flags, tokenizer, written", [
+    ("Llama", dict(vocab_size=50257, n_embd=32, sv_hetero=True), "gpt2", "GPT-2 BPE"),
     ("Qwen3", dict(qk_norm=True, sv_hetero=True, sv_placement="dp", sv_reparam="er",
-                   tie_embeddings=False), "char", None, "none written (a char-level"),
-    # the tokenizer the run recorded wins over today's meta.json
-    ("Llama", dict(vocab_size=257), "char", {"tokenizer": "byte"}, "none written (byte-level")])
-def test_the_export_computes_the_models_logits(arch, flags, tokenizer, vocab, written,
-                                               monkeypatch, capsys):
+                   tie_embeddings=False), "char", "none written (a char-level"),
+    ("Llama", dict(vocab_size=257), "byte", "none written (byte-level")])
+def test_the_export_computes_the_models_logits(arch, flags, tokenizer, written, monkeypatch,
+                                               capsys):
     safetensors = pytest.importorskip("safetensors.torch")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    model = write_run(tokenizer, vocab, **flags)
+    model = write_run(tokenizer, **flags)
     os.makedirs("hf")   # an empty folder; hf.old beside it is someone's (a run)
     os.makedirs("hf.old")
     Path("hf.old/ckpt_0000010.pt").write_text("a run")
@@ -102,7 +98,7 @@ def test_the_export_computes_the_models_logits(arch, flags, tokenizer, vocab, wr
                                          r"full\): what was there is as it was"):
         export_hf.main(["--out_dir=out", "--to=hf", "--verify=False"])
     assert files() == written and Path("hf.old/ckpt_0000010.pt").read_text() == "a run"
-    assert sorted(os.listdir()) == ["data", "hf", "hf.old", "out"]   # no temporary folder left
+    assert sorted(os.listdir()) == ["hf", "hf.old", "out"]   # no temporary folder left
     transformers = pytest.importorskip("transformers")   # the second opinion, from the files
     hf = transformers.AutoModelForCausalLM.from_pretrained("hf", dtype=torch.float32).eval()
     assert type(hf).__name__ == f"{arch}ForCausalLM" and tied == (
