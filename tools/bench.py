@@ -11,8 +11,6 @@ Speed and memory of a training step, for a config of train.py; side by side for 
     python -m tools.bench config/shakespeare_char.py --compare=dtype=bfloat16,compile=True
     python -m tools.bench config/baseline_124m.py --device=cpu --compare=config/unified_124m.py \
         --interleave=True
-    # where a step's time goes: torch.profiler's ops by self CPU time per step, and their calls
-    python -m tools.bench config/unified_char.py --profile=True
 
 A step is forward, backward, gradient clipping and an AdamW step on random tokens (no data
 needed); AdamW is fused where train.py fuses it (CUDA, CPU), and for the gpt2 reference where
@@ -65,8 +63,6 @@ OWN = {
                    "time ratio, no memory"),
     "arch": ("llama", "gpt2: time a GPT-2 (nanoGPT) model of the same sizes instead of ours"),
     "json": (False, "print one JSON line of figures (what --compare reads from its children)"),
-    "profile": (False, "torch.profiler over the measured steps: the ops by self CPU time and "
-                "their calls per step"),
 }
 # train.py's keys (config/defaults.py, so any config file of train.py is one here too), then
 # bench.py's own
@@ -85,7 +81,7 @@ BENCH_RULES = {**{k: v for k, v in TRAIN_RULES.items() if k in HONOURED},
                "vocab_size": at_least(1), "steps": at_least(1), "warmup": at_least(0),
                "rounds": at_least(1), "arch": one_of("llama", "gpt2"),
                "compare": (lambda v: True, "'' (none), or items joined by commas"),
-               "interleave": boolean, "json": boolean, "profile": boolean}
+               "interleave": boolean, "json": boolean}
 
 
 def show_help(argv):
@@ -241,26 +237,6 @@ def measure(cfg):
             "device": device, "dtype": dtype}
 
 
-def profile_step(cfg, top=20):
-    """The `top` operations by self CPU time per step over `steps` steps after the warmup
-    (torch.profiler: ATen ops and autograd functions, the profiler's own cost included, so compare
-    configurations within one session), with their calls per step; then the totals."""
-    from torch.profiler import ProfilerActivity, profile
-    _, step, _ = build(cfg)
-    for _ in range(cfg["warmup"]):
-        step()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(cfg["steps"]):
-            step()
-    n, events = cfg["steps"], prof.key_averages()
-    print("| op | self CPU ms/step | calls/step |")
-    print("|---|---|---|")
-    for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]:
-        print(f"| {e.key} | {e.self_cpu_time_total / n / 1000:.2f} | {e.count / n:g} |")
-    print(f"| all {len(events)} | {sum(e.self_cpu_time_total for e in events) / n / 1000:.1f} "
-          f"| {sum(e.count for e in events) / n:g} |")
-
-
 def compared_runs(argv, cfg):
     """{name: argv} for the base configuration and each one of --compare."""
     base_files = [a for a in argv if not a.startswith("--")]
@@ -358,14 +334,6 @@ def check(argv):
         show_help(argv)
     refuse_ignored(argv)
     cfg = configure(defaults, argv, BENCH_RULES)
-    # --profile prints one configuration's table of ops: an option of another output is refused,
-    # never ignored
-    ignored = [f"--{k}" for k in ("compare", "interleave", "json") if cfg[k]]
-    if cfg["profile"] and ignored:
-        raise ConfigError(f"--profile=True prints one configuration's table of ops, and "
-                          f"{' and '.join(ignored)} would be ignored: drop "
-                          f"{'it' if len(ignored) == 1 else 'them'} and profile each "
-                          "configuration in turn")
     for name, args in (compared_runs(argv, cfg) if cfg["compare"] else {"base": argv}).items():
         try:
             c = configure(defaults, args, BENCH_RULES)
@@ -381,9 +349,7 @@ def main(argv):
         cfg = check(argv)
     except ConfigError as e:
         sys.exit(f"error: {e}")
-    if cfg["profile"]:
-        profile_step(cfg)
-    elif cfg["compare"]:
+    if cfg["compare"]:
         (interleave if cfg["interleave"] else compare)(compared_runs(argv, cfg), cfg)
     else:
         r = measure(cfg)
