@@ -15,8 +15,8 @@ The text commands put the last --val_fraction (0.1) of the characters in val.bin
 fineweb_edu puts the first --val_tokens (default 0.5% of --num_tokens) of the stream in val.bin
 and the rest, up to --num_tokens in all, in train.bin; <|endoftext|> precedes every document
 (with --tokenizer byte: id 256).
-With --data_files it reads local .parquet or .jsonl files (a glob; the dataset's own shards, as
-compute nodes without internet hold them) through `datasets`, offline, in sorted file order.
+With --data_files it reads local .parquet files (a glob; the dataset's own shards, as compute
+nodes without internet hold them) through `datasets`, offline, in sorted file order.
 """
 import argparse
 import contextlib
@@ -181,10 +181,10 @@ def encode_batch(docs, tokenizer):
     return (np.concatenate(ids), np.array([len(i) for i in ids]),
             b"".join(hashlib.sha256(d.encode()).digest() for d in docs))
 
-def documents(files, builder, text_field):
+def documents(files):
     """Lists of documents, read lazily (in the pool's feeder thread) from local files, offline, or
     (files None) streamed from FineWeb-Edu's sample-10BT on the Hub."""
-    load = ({"path": builder, "data_files": files} if files else
+    load = ({"path": "parquet", "data_files": files} if files else
             {"path": "HuggingFaceFW/fineweb-edu", "name": "sample-10BT"})
     os.environ.setdefault("HF_HUB_VERBOSITY", "error")   # its retry warnings, before our sentence
     if files:   # offline: fail fast, not after timeouts (works only before `datasets` is imported)
@@ -203,7 +203,7 @@ def documents(files, builder, text_field):
             # streaming: shard by shard, no Arrow copy of the whole set; in batches of rows (~25x
             # faster than row by row), one message each to and from a worker: the parent keeps up
             for rows in stream.iter(batch_size=1024):
-                docs = rows[text_field]
+                docs = rows["text"]
                 # checked here, in the parent, so that the message has its index
                 bad = next((i for i, doc in enumerate(docs) if not isinstance(doc, str)), None)
                 if bad is not None:
@@ -215,10 +215,6 @@ def documents(files, builder, text_field):
                 yield docs
         except DownloadError:
             raise
-        except KeyError:
-            raise DownloadError(f"error: the rows of {files[0] if files else FINEWEB} have no "
-                                f"{text_field!r} field: name the text column with --text_field"
-                                ) from None
         except Exception as e:
             why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
             raise DownloadError(
@@ -228,38 +224,27 @@ def documents(files, builder, text_field):
                 "prepare_data.py text --input FILE --name NAME`)") from None
     return batches()
 
-LOCAL_FORMATS = {".parquet": "parquet", ".jsonl": "json"}   # the `datasets` builder of each
-
-def local_files(pattern):
-    """The sorted files a --data_files glob names, and the `datasets` builder that reads them."""
-    files = sorted(p for p in glob.glob(os.path.expanduser(pattern), recursive=True)
-                   if os.path.isfile(p))
-    if not files:
-        raise SystemExit(f"error: --data_files {pattern!r} matches no file: give a glob of local "
-                         ".parquet or .jsonl files, quoted so that the shell does not expand it")
-    kinds = {LOCAL_FORMATS.get(os.path.splitext(f)[1]) for f in files}
-    if len(kinds) != 1 or None in kinds:
-        raise SystemExit(f"error: --data_files {pattern!r} matches {len(files)} files that are not "
-                         f"all .parquet or all .jsonl (e.g. {files[0]}): give a glob of one format")
-    return files, kinds.pop()
-
 def prepare_fineweb(out_dir, name, num_tokens, val_tokens=None, processes=None, data_files=None,
-                    text_field="text", tokenizer="gpt2"):
+                    tokenizer="gpt2"):
     """Tokenize the documents in parallel: the first val_tokens go to val.bin, the next ones to
     train.bin, until num_tokens in all (or the documents run out)."""
     out_dir, val_tokens = Path(out_dir), val_tokens or max(1, num_tokens // 200)
     if not 0 < val_tokens < num_tokens:
         raise SystemExit(f"error: need 0 < val_tokens < num_tokens, got {val_tokens} and "
                          f"{num_tokens}")
-    files, builder = local_files(data_files) if data_files else (None, None)
-    recipe = {"source": f"local {builder} files: {data_files}" if files else FINEWEB}
+    files = sorted(p for p in glob.glob(os.path.expanduser(data_files or ""), recursive=True)
+                   if os.path.isfile(p))
+    if data_files and not files:
+        raise SystemExit(f"error: --data_files {data_files!r} matches no file: give a glob of local "
+                         ".parquet files, quoted so that the shell does not expand it")
+    recipe = {"source": f"local parquet files: {data_files}" if files else FINEWEB}
     if files:   # every file with its size, so a changed shard set is prepared again
         recipe["files"] = [[os.path.abspath(f), os.path.getsize(f)] for f in files]
     # the tokenizer is in the recipe: a gpt2 set is never taken for a byte one (nor the reverse)
     recipe.update(tokenizer=tokenizer, num_tokens=num_tokens, val_tokens=val_tokens)
     if is_prepared(out_dir, recipe):
         return
-    batches, fingerprint, written = documents(files, builder, text_field), hashlib.sha256(), 0
+    batches, fingerprint, written = documents(files), hashlib.sha256(), 0
     progress = Progress(num_tokens, "tokens")
     encode = functools.partial(encode_batch, tokenizer=tokenizer)   # picklable for the workers
     meta = {"name": name, **recipe, "dtype": "uint16",
@@ -314,10 +299,7 @@ def main(argv=None):
                       help="byte: UTF-8 bytes, vocab 257")
     f = sub.add_parser("fineweb_edu",
                        help="a FineWeb-Edu sample (needs `datasets`; network unless --data_files)")
-    f.add_argument("--data_files",
-                   help="a glob of local .parquet or .jsonl files (quoted) instead of the hub")
-    f.add_argument("--text_field", default="text",
-                   help="the column of the documents' text (with --data_files)")
+    f.add_argument("--data_files", help="a glob of local .parquet files (quoted) instead of the hub")
     f.add_argument("--num_tokens", type=count, default=10**9, help="train + val tokens")
     f.add_argument("--val_tokens", type=count, help="first tokens kept for val (default 0.5%%)")
     f.add_argument("--name", default="fineweb_edu")
@@ -334,7 +316,7 @@ def main(argv=None):
     try:
         if args.command == "fineweb_edu":
             prepare_fineweb(out_dir, name, args.num_tokens, args.val_tokens, args.processes,
-                            args.data_files, args.text_field, args.tokenizer)
+                            args.data_files, args.tokenizer)
         else:
             prepare_text(args.input, out_dir, name, args.tokenizer, args.val_fraction, args.sha256)
     except DownloadError as e:   # raised where the pool reads the documents

@@ -17,7 +17,7 @@ TEXT = ("First Citizen:\nBefore we proceed, hear me speak.\n\nAll:\n"
         "Speak, speak. Ünïcödé — 你好 🙂\r\n\ttabs\n") * 20
 TXT = ["text", "--input", "in.txt", "--name"]
 FW = ["fineweb_edu", "--num_proc", "1", "--num_tokens", "1000", "--data_files"]
-JS = [*FW, "*.jsonl"]
+PQ = [*FW, "*.parquet"]
 
 
 def error_of(excinfo):   # a SystemExit's message: Python prints it as it is, with no traceback
@@ -110,7 +110,7 @@ def test_a_set_is_prepared_again_only_when_needed_and_never_lost(tmp_path, monke
     assert dataset.get_tokenizer(meta)[1](train + val) == more
 
 
-@pytest.mark.parametrize("source", ["hub", "parquet", "jsonl"])
+@pytest.mark.parametrize("source", ["hub", "parquet"])
 def test_fineweb_edu_gives_the_tokens_of_its_documents(tmp_path, monkeypatch, capsys, source):
     docs = [f"Document {i}: " + TEXT[i * 7:i * 7 + 50 + i] for i in range(40)]   # non-ASCII too
     args = ["fineweb_edu", "--num_tokens", "600", "--processes", "2", "--out_dir",
@@ -129,12 +129,10 @@ def test_fineweb_edu_gives_the_tokens_of_its_documents(tmp_path, monkeypatch, ca
         datasets = pytest.importorskip("datasets")
         def write_shards(*parts):   # one shard a part, with an id column too, as FineWeb-Edu's
             for k, part in enumerate(parts):
-                rows = datasets.Dataset.from_list([{"id": i, "text": t}
-                                                   for i, t in enumerate(part)])
-                (rows.to_parquet if source == "parquet" else rows.to_json)(
-                    tmp_path / f"shard_{k}.{source}")
+                datasets.Dataset.from_list([{"id": i, "text": t} for i, t in enumerate(part)]
+                                           ).to_parquet(tmp_path / f"shard_{k}.parquet")
         write_shards(docs[:20], docs[20:])
-        args += ["--data_files", str(tmp_path / f"*.{source}")]
+        args += ["--data_files", str(tmp_path / "*.parquet")]
     for tokenizer in ("gpt2", "byte", "gpt2"):   # a set of one tokenizer is not taken for another
         prepare_data.main([*args, "--tokenizer", tokenizer])
         assert "already prepared" not in capsys.readouterr().out
@@ -154,7 +152,7 @@ def test_fineweb_edu_gives_the_tokens_of_its_documents(tmp_path, monkeypatch, ca
         hub.load_dataset.assert_called_with(path="HuggingFaceFW/fineweb-edu", name="sample-10BT",
                                             split="train", streaming=True)
         return
-    assert meta["source"] == f"local {source.replace('jsonl', 'json')} files: {tmp_path}/*.{source}"
+    assert meta["source"] == f"local parquet files: {tmp_path}/*.parquet"
     write_shards(docs[:10])   # shard_0 changed: prepared again
     prepare_data.main(args)
     _, train, val = read_set(tmp_path / "fw")
@@ -168,31 +166,31 @@ def test_fineweb_edu_gives_the_tokens_of_its_documents(tmp_path, monkeypatch, ca
     ({}, [*TXT[:2], "gone.txt", "--name", "x"], "input file gone.txt not found"),
     ({"in.txt": b"\xff"}, [*TXT, "x"], "in.txt is not UTF-8 text"),
     ({}, [*TXT, "x", "--val_fraction", "1"], "--val_fraction must be between 0 and 1, got 1.0"),
-    ({"in.txt": "".join(map(chr, range(0x10000, 0x10000 + 70_000)))},   # ids beyond uint16
+    ({"in.txt": "".join(map(chr, range(0x10000, 0x10000 + 70_000))).encode()},   # > uint16
      [*TXT, "x", "--tokenizer", "char"], "70,000 distinct characters, more than uint16 ids"),
     *[({}, ["fineweb_edu", f, v], f"{f}: {v!r} is not a") for f, v in (
         ("--num_tokens", "inf"), ("--num_tokens", "nan"), ("--num_tokens", "0"),
         ("--val_tokens", "1.5"), ("--processes", "0"), ("--processes", "x"))],
     ({}, [*FW, "none/*.parquet"], "'none/*.parquet' matches no file: give a glob"),
-    ({"a.parquet": "x"}, [*FW, "*"], "not all .parquet or all .jsonl"),   # with in.txt
-    ({"a.parquet": "x"}, [*FW, "*.parquet"], "could not read the local files (a.parquet...)"),
-    ({"a.jsonl": '{"text": "a"}'}, [*JS, "--text_field", "body"],
-     "have no 'body' field: name the text column with --text_field"),
-    ({"a.jsonl": '{"text": "a"}\n{"text": null}'}, JS, "1 of the source is NoneType"),
-    ({"a.jsonl": '{"text": "a"}\n{"id": 2}'}, JS, "1 of the source is NoneType"),
-    ({"a.jsonl": '{"text": 7}'}, JS, "document 0 of the source is int '7', not text"),
-    ({"a.jsonl": '{"text": "tiny"}'}, [*JS, "--val_tokens", "50"],
+    ({"a.parquet": b"x"}, PQ, "could not read the local files (a.parquet...)"),
+    ({"a.parquet": [{"body": "a"}]}, PQ, "(a.parquet...): KeyError: 'text'"),
+    ({"a.parquet": [{"text": "a"}, {"text": None}]}, PQ, "1 of the source is NoneType"),
+    ({"a.parquet": [{"text": 7}]}, PQ, "document 0 of the source is int '7', not text"),
+    ({"a.parquet": [{"text": "tiny"}]}, [*PQ, "--val_tokens", "50"],
      "the train split would hold 0 token(s), fewer than the 3 a training sequence needs"),
-    ({"tinyshakespeare.txt": "#" + prepare_data.SHAKESPEARE.read_text()[1:]}, ["shakespeare_char"],
-     "tinyshakespeare.txt has sha256 ")])
+    ({"tinyshakespeare.txt": b"#" + prepare_data.SHAKESPEARE.read_bytes()[1:]},
+     ["shakespeare_char"], "tinyshakespeare.txt has sha256 ")])
 def test_bad_input_is_one_sentence(tmp_path, monkeypatch, capsys, files, args, words):
     monkeypatch.chdir(tmp_path)   # where data/<name> would be written
     # a damaged copy of the vendored Tiny Shakespeare, where a case writes one
     monkeypatch.setattr(prepare_data, "SHAKESPEARE", tmp_path / "tinyshakespeare.txt")
-    if files and any(a.endswith(("jsonl", "parquet")) for a in args):   # read by `datasets`
-        pytest.importorskip("datasets")
-    for name, content in {"in.txt": "some text to prepare " * 20, **files}.items():
-        (tmp_path / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+    if files and PQ[-1] in args:   # read by `datasets`
+        datasets = pytest.importorskip("datasets")
+    for name, content in {"in.txt": b"some text to prepare " * 20, **files}.items():
+        if isinstance(content, list):   # the rows of a parquet shard
+            datasets.Dataset.from_list(content).to_parquet(tmp_path / name)
+        else:
+            (tmp_path / name).write_bytes(content)
     with pytest.raises(SystemExit) as e:
         prepare_data.main(args)
     # one sentence (argparse's: the usage, then an error line, exit status 2), nothing written
