@@ -107,7 +107,8 @@ def sample_run(workdir):
     greek = "".join(chr(0x391 + i) for i in range(meta["vocab_size"]))
     (workdir / "data" / "tiny_s" / "meta.json").write_text(json.dumps({**meta, "chars": greek}))
     _, state = checkpoint.load_latest(str(workdir / "out_sample"))   # its vocabulary edited
-    checkpoint.save(workdir / "out_edited", {**state, "vocab": {**state["vocab"], "chars": "ab"}}, 3)
+    edited = {**state, "vocab": {**state["vocab"], "chars": "ab"}}
+    checkpoint.save(workdir / "out_edited", edited, 3)
     return workdir
 
 

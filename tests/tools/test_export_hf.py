@@ -46,8 +46,8 @@ def write_run(tokenizer="char", **flags):
     vocab = dict(tokenizer=tokenizer, vocab_size=cfg.vocab_size)   # dataset.vocabulary's
     if tokenizer == "char":
         vocab["chars"] = "".join(map(chr, range(33, 33 + cfg.vocab_size)))
-    checkpoint.save("out", dict(model=model.state_dict(), optimizers=[], config={},
-                                model_args=vars(cfg), iter_num=7, best_val_loss=1.0, vocab=vocab), 7)
+    checkpoint.save("out", dict(model=model.state_dict(), optimizers=[], config={}, vocab=vocab,
+                                model_args=vars(cfg), iter_num=7, best_val_loss=1.0), 7)
     return model
 
 
