@@ -58,14 +58,6 @@ if ddp:
     differ = differing_configs(configs)
     if differ:   # every process finds it; the master says it
         sys.exit(f"error: {differ}" if rank == 0 else 1)
-
-    def peer_died(kind, e, tb):   # a process killed: the survivors' next collective raises
-        if isinstance(e, RuntimeError) and any(w in str(e) for w in ("gloo", "NCCL", "peer")):
-            print(f"error: another process of this job died ({str(e).splitlines()[0][:80]}...): "
-                  "continue from the last checkpoint with --init_from=resume", file=sys.stderr)
-        else:
-            sys.__excepthook__(kind, e, tb)
-    sys.excepthook = peer_died
 else:
     rank, world_size = 0, 1
 master = rank == 0

@@ -5,7 +5,6 @@ import io
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 
@@ -81,12 +80,12 @@ def test_a_stop_signal_saves_and_exits_0_a_second_trainer_is_refused_a_nan_is_ne
 
 
 @pytest.mark.slow
-def test_ddp_stops_before_torchrun_kills_and_a_killed_rank_is_one_sentence(workdir):
+def test_ddp_stops_before_torchrun_kills(workdir):
     """torchrun forwards SIGTERM and SIGKILLs 30 s later: the processes agree every step, so the
-    save comes within a step. A rank killed outright: the survivor says so in one sentence."""
-    args = ["--gradient_accumulation_steps=2", "--max_iters=100000", "--eval_interval=100000",
-            "--log_interval=100000"]
-    p = start(workdir, "--out_dir=out_ddp_stop", *args, launcher=TORCHRUN)
+    save comes within a step."""
+    p = start(workdir, "--out_dir=out_ddp_stop", "--gradient_accumulation_steps=2",
+              "--max_iters=100000", "--eval_interval=100000", "--log_interval=100000",
+              launcher=TORCHRUN)
     wait_for(lambda: os.path.exists(workdir / "out_ddp_stop" / "metrics.jsonl"))
     time.sleep(1.0)
     t0 = time.time()
@@ -95,15 +94,6 @@ def test_ddp_stops_before_torchrun_kills_and_a_killed_rank_is_one_sentence(workd
     assert time.time() - t0 < 25 and "stop signal at step" in out, out + err
     assert "terminate called" not in err and p.returncode == 1   # torchrun's own exit code
     assert checkpoint.load_latest(workdir / "out_ddp_stop")[1]["iter_num"] > 0
-    p = start(workdir, "--out_dir=out_ddp_kill", *args, launcher=TORCHRUN)
-    wait_for(lambda: os.path.exists(workdir / "out_ddp_kill" / "metrics.jsonl"))
-    kids = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout
-    rank1 = next(int(k) for k in kids.split()
-                 if b"RANK=1\0" in open(f"/proc/{k}/environ", "rb").read())
-    os.kill(rank1, signal.SIGKILL)
-    err = p.communicate(timeout=90)[1]
-    assert ("error: another process of this job died" in err and "--init_from=resume" in err
-            and "[rank0]: Traceback" not in err), err
 
 
 @pytest.mark.slow
@@ -284,18 +274,6 @@ def test_a_failed_write_names_its_file_and_errno_and_latest_keeps_the_previous_c
             str(e.value) and "still names ckpt_0000001.pt" in str(e.value)), str(e.value)
     monkeypatch.undo()
     assert sorted(os.listdir(tmp_path)) == before   # no temporary file left, nothing else touched
-
-
-@pytest.mark.parametrize("installed, message", [
-    (False, "--wandb_log=True needs wandb: pip install wandb"),
-    # issue 39.5: online without an API key, wandb.init raised UsageError after 22 s
-    (True, r"wandb could not start \(api_key not configured.*`wandb login`.*WANDB_MODE=offline")])
-def test_wandb_that_cannot_start_is_one_sentence(tmp_path, monkeypatch, installed, message):
-    fake = type(sys)("wandb")   # wandb.errors.UsageError in wandb: any exception is caught
-    fake.init = lambda **kw: (_ for _ in ()).throw(ValueError("api_key not configured (no-tty)"))
-    monkeypatch.setitem(sys.modules, "wandb", fake if installed else None)   # None: import fails
-    with pytest.raises(SystemExit, match=message):
-        telemetry.RunLog(tmp_path, wandb={"project": "p"})
 
 
 def test_optimizer_state_is_restored_by_name_and_checked_against_its_parameters():
