@@ -130,8 +130,7 @@ def summarize(grid, results):
                        p=sign_flip_p(diffs),
                        agree=int(sum(np.sign(d) == v.sign for d in diffs)) if v.sign else None,
                        verdict=claim_verdict(diffs, v.sign), direction_matches=matches)
-        row["code_unrecorded"] = any(code_id(c) == "unknown" for r in res.values()
-                                     for c in run_codes(r))
+        row["code_unrecorded"] = any(code_id(r.get("code")) == "unknown" for r in res.values())
         rows.append(row)
     return rows
 
@@ -818,13 +817,6 @@ def code_id(code):
     return code.get("id", "unknown") if isinstance(code, dict) else code or "unknown"
 
 
-def run_codes(record):
-    """Every code a run ran under, in order (a result.json or run.json): its "codes" (a run
-    resumed under other code has several), or, in a record older than that list, its "code"."""
-    codes = record.get("codes")
-    return list(codes) if isinstance(codes, list) and codes else [record.get("code")]
-
-
 def code_label(c):
     label = code_id(c)
     if isinstance(c, dict):
@@ -834,17 +826,11 @@ def code_label(c):
 
 
 def code_lines(results):
-    """summary.md's line on the code of the results: one version, or how many runs each made; a
-    run resumed under other code is a mix in itself, listed with each of its codes."""
-    runs, mixed = {}, False
-    for res in results.values():
-        for r in res.values():
-            labels = list(dict.fromkeys(code_label(c) for c in run_codes(r)))
-            mixed |= len(labels) > 1
-            label = (labels[0] if len(labels) == 1 else
-                     " then ".join(labels) + " (resumed under other code)")
-            runs[label] = runs.get(label, 0) + 1
-    if len(runs) <= 1 and not mixed:
+    """summary.md's line on the code of the results: one version, or how many runs each made."""
+    labels = [code_label(r.get("code")) for res in results.values() for r in res.values()]
+    runs = {k: labels.count(k) for k in sorted(set(labels))}
+    if len(runs) <= 1:
         return [f"Code: every run by {next(iter(runs), 'no run')}."]
-    mix = "; ".join(f"{n} by {k}" for k, n in sorted(runs.items()))
-    return [f"Code: the runs mix code versions (--mixed_code): {mix}."]
+    # "(--mixed_code)": the committed summaries' words, from when a flag allowed a mix
+    return [f"Code: the runs mix code versions (--mixed_code): "
+            f"{'; '.join(f'{n} by {k}' for k, n in runs.items())}."]

@@ -33,11 +33,9 @@ not a change.
 The summary always covers the whole grid, from every result of that configuration in the folder.
 
 One reproduce.py at a time per results folder (<results>/lock). SIGTERM or SIGINT reaches every
-train.py it started: they save a checkpoint and exit, and the next invocation resumes them. Each
-result.json records the code that made it (its commit and a hash of uncommitted Python edits); a
-folder holds one code version: adding runs of other code to it is refused unless --mixed_code,
-and a grid stops starting runs if the code changes under it (study/README.md); --dry_run shows the
-plan all the same and says so. A run resumed under other code records each ("codes").
+train.py it started: they save a checkpoint and exit, and the next invocation resumes them. A grid
+runs whatever the tree holds; each result.json records the code that ran it (its commit and a hash
+of uncommitted Python edits; a resumed run's, the code that finished it).
 
 Results are read by their row's name: a row (of a grid or --add) named after a variant of
 config/variants.py must run what its name says (grids.name_says), or the grid is refused.
@@ -65,8 +63,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from study.grids import (GRIDS, MAX_ITERS, MS_PER_ITER, OVERHEAD_S, is_node_grid, name_says,
                          parse_added, sizing)
 from study.plots import plot_grid, plot_report
-from study.report import (REPORTS, arg_value, ci95, code_id, code_lines, meta_gpt, run_codes,
-                          summarize, write_summary)
+from study.report import REPORTS, arg_value, ci95, code_lines, meta_gpt, summarize, write_summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 
@@ -263,7 +260,7 @@ HOW_STARTED = ("out_dir", "init_from", "overwrite", "resume_fallback")
 
 def run_record(v, args, run_dir):
     """What run_dir holds of an interrupted run: None when it holds no checkpoint (nothing to
-    resume, nothing lost by starting afresh); its run.json ({"args", "wall_s", "code", "codes"})
+    resume, nothing lost by starting afresh); its run.json ({"args", "wall_s", "code"})
     when it names other settings (a conflict: refuse_other_settings), or these and the
     checkpoint's own config (train.py's arguments as it read them) is these too. Any other folder
     (no readable run.json, or a checkpoint of other settings: train.py run there by hand) is
@@ -433,24 +430,18 @@ Job = namedtuple("Job", "v seed args run_dir done epochs record", defaults=(None
 class Runner:
     """Runs one (variant, seed) at a time (called from several threads on a CPU grid)."""
 
-    def __init__(self, env, children, code, strict_code, torchrun=None):
+    def __init__(self, env, children, torchrun=None):
         self.env, self.children, self.torchrun = env, children, torchrun
-        self.code, self.strict_code = code, strict_code
 
     def __call__(self, job):
         """Train job, resuming its interrupted run if there is one; its result dict. Raises
         RuntimeError (failed: run again next time) or Interrupted (stopped: resumes next time)."""
-        now = code_version()
-        if self.strict_code and code_id(now) != code_id(self.code):
-            raise Interrupted(f"not started: the code changed since this grid started "
-                              f"({code_id(self.code)} -> {code_id(now)}); run again to go on "
-                              "with the new code")
         pid = in_use(job.run_dir)
         if pid:
             raise RuntimeError(f"not started: a train.py (pid {pid}) still runs in {job.run_dir}; "
                                "stop it first")
         resume, t0 = resumable(job), time.time()
-        state = self.start(job, resume, now)
+        state = self.start(job, resume)
         cmd = [*self.launch(), os.path.join(ROOT, "train.py"), os.path.join(ROOT, job.v.config),
                *job.args, *(["--init_from=resume"] if resume else [])]
         log_path = os.path.join(job.run_dir, "train.log")
@@ -461,32 +452,28 @@ class Runner:
             rc = self.children.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         state["wall_s"] += time.time() - t0
         write_json(os.path.join(job.run_dir, "run.json"), state)
-        return self.result(job, rc, state["wall_s"], resume, state["codes"], log_path)
+        return self.result(job, rc, state["wall_s"], resume, state["code"], log_path)
 
     def launch(self):
         if self.torchrun is None:
             return [sys.executable]
         return [sys.executable, "-m", "torch.distributed.run", *self.torchrun]
 
-    def start(self, job, resume, code):
+    def start(self, job, resume):
         """The run's record, written to its run.json before it starts: its wall time so far and
-        every code it ran under ("code" the first, "codes" all, this one last). A run started
-        afresh first loses the checkpoints of other settings (--replace: they must not be resumed
-        later); a folder no record accounts for never gets here (refuse_unaccounted)."""
+        the code in the tree now. A run started afresh first loses the checkpoints of other
+        settings (--replace: they must not be resumed later); a folder no record accounts for
+        never gets here (refuse_unaccounted)."""
         os.makedirs(job.run_dir, exist_ok=True)
-        if resume:
-            codes = run_codes(job.record)
-            codes += [code] if code_id(code) != code_id(codes[-1]) else []
-            state = {"args": job.args, "wall_s": job.record.get("wall_s", 0), "code": codes[0],
-                     "codes": codes}
-        else:
+        if not resume:
             for f in checkpoints(job.run_dir):
                 os.remove(f)
-            state = {"args": job.args, "wall_s": 0, "code": code, "codes": [code]}
+        state = {"args": job.args, "wall_s": job.record.get("wall_s", 0) if resume else 0,
+                 "code": code_version()}
         write_json(os.path.join(job.run_dir, "run.json"), state)
         return state
 
-    def result(self, job, rc, wall, resume, codes, log_path):
+    def result(self, job, rc, wall, resume, code, log_path):
         records = evals(job.run_dir)
         max_iters = int(arg_value(job.args, "max_iters"))
         if not records or records[-1]["iter"] != max_iters or rc != 0:
@@ -506,7 +493,7 @@ class Runner:
                 "val_loss_full": final.get("val_loss"), "train_loss_full": final.get("train_loss"),
                 "preconditioning": [[r["iter"], r["maps"]] for r in evals(job.run_dir, "precond")],
                 "curve": [[r["iter"], r["val_loss"]] for r in records], "wall_s": wall,
-                "scale_vectors": vectors, "sv_means": means, "code": codes[0], "codes": codes,
+                "scale_vectors": vectors, "sv_means": means, "code": code,
                 **({"epochs": job.epochs} if job.epochs is not None else {}),
                 **({"resumed": True} if resume else {})}
 
@@ -556,9 +543,6 @@ def parse_args(argv, grids):
                         "the grid's own cap: 1 for regime, none for the others)")
     p.add_argument("--replace", action="store_true",
                    help="run over results of other settings in the folder")
-    p.add_argument("--mixed_code", action="store_true",
-                   help="add runs of this code to a folder that holds runs of other code (the "
-                        "summary lists each)")
     p.add_argument("--keep_checkpoints", action="store_true",
                    help="keep each finished run's checkpoints (always on a node grid)")
     p.add_argument("--dry_run", action="store_true",
@@ -691,27 +675,6 @@ def refuse_unaccounted(out, jobs):
                          "them elsewhere (or delete them yourself), or use another --results_dir")
 
 
-def folder_codes(out, grid, args_for, jobs):
-    """{code id: runs} of the grid's results in the folder, and of the interrupted runs a job
-    would resume (a run resumed under other code counts for each of its codes)."""
-    records = [r for res in collect(out, grid, args_for).values() for r in res.values()]
-    records += [j.record for j in jobs if not j.done and resumable(j)]
-    ids = [code_id(c) for r in records for c in run_codes(r)]
-    return {k: ids.count(k) for k in set(ids)}
-
-
-def other_code(out, codes, code):
-    """Why a real run may not add runs to the folder (a folder holds the results of one code
-    version, unless --mixed_code says otherwise), or None."""
-    other = {k: n for k, n in codes.items() if k != code_id(code)}
-    if other:
-        shown = ", ".join(f"{n} of {k}" for k, n in sorted(other.items()))
-        return (f"{out} holds runs of other code ({shown}) than this checkout's "
-                f"({code_id(code)}): pass --mixed_code to add runs of this code anyway "
-                "(summary.md lists each run's code), or use another --results_dir")
-    return None
-
-
 def plan(a, g, jobs, todo):
     """The grid's first line: runs done and to do, and how long those to do should take."""
     line = (f"grid {a.grid}: {len({j.v.name for j in jobs})} variants x {a.seeds} seeds = "
@@ -836,16 +799,9 @@ def main(argv=None, grids=GRIDS):
     todo = [] if a.summary_only else [j for j in jobs if not j.done]
     if todo:
         refuse_unaccounted(g.out, jobs)
-    code = code_version()
-    mixed = other_code(g.out, folder_codes(g.out, full, g.args_for, jobs), code) if (
-        todo and not a.mixed_code) else None
-    if mixed and not a.dry_run:
-        raise SystemExit(f"error: {mixed}")
     print(plan(a, g, jobs, [j for j in jobs if not j.done]))
     if a.dry_run:
         print_jobs(g, jobs)
-        if mixed:   # the plan is shown all the same: a committed grid meets any edit this way
-            print(f"a real run of this command is refused: {mixed}")
         return 0
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -856,7 +812,7 @@ def main(argv=None, grids=GRIDS):
     lock = lock_results(g.out)
     try:
         with Children().forwarding() as children:
-            runner = Runner(env, children, code, not a.mixed_code, g.torchrun)
+            runner = Runner(env, children, g.torchrun)
             run_all(a, g, todo, runner, progress)
         if children.stop:
             print(f"interrupted: {len(progress.stopped)} runs stopped; run the same command again "
