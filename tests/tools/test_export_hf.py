@@ -11,6 +11,7 @@ import torch
 
 import checkpoint
 import model as model_py
+from dataset import gpt2_encoding, vocabulary
 from helpers import (VARIANTS, entries, llama_forward, make, models,
                      randomize_scale_vectors, tokens, vectors)
 from tools import export_hf
@@ -43,9 +44,8 @@ def write_run(tokenizer="char", **flags):
             noise = torch.randn(p.shape, generator=gen)
             p.add_(0.3 * noise) if cls.startswith("sv_") else p.copy_(
                 noise * (0.5 if cls == "embedding" else p.size(-1) ** -0.5))
-    vocab = dict(tokenizer=tokenizer, vocab_size=cfg.vocab_size)   # dataset.vocabulary's
-    if tokenizer == "char":
-        vocab["chars"] = "".join(map(chr, range(33, 33 + cfg.vocab_size)))
+    chars = "".join(map(chr, range(33, 33 + cfg.vocab_size)))   # for a char-level vocabulary
+    vocab = vocabulary(dict(tokenizer=tokenizer, vocab_size=cfg.vocab_size, chars=chars))
     checkpoint.save("out", dict(model=model.state_dict(), optimizers=[], config={}, vocab=vocab,
                                 model_args=vars(cfg), iter_num=7, best_val_loss=1.0), 7)
     return model
@@ -74,8 +74,6 @@ def test_the_export_computes_the_models_logits(arch, flags, tokenizer, written, 
     config = json.load(open("hf/config.json"))
     state = safetensors.load_file("hf/model.safetensors")
     assert ("lm_head.weight" in state) != tied and len(state["model.embed_tokens.weight"]) == V
-    if tied:   # g_final stays in the final norm, not folded into the tied head
-        assert torch.equal(state["model.norm.weight"], model.g_final().reshape(-1))
     idx = torch.randint(V, (2, 64), generator=torch.Generator().manual_seed(1))
     ours = model(idx)[0].detach()
     assert ours.abs().max() > 10   # logits of a size where a wrong export shows
@@ -105,7 +103,6 @@ def test_the_export_computes_the_models_logits(arch, flags, tokenizer, written, 
         hf.lm_head.weight.data_ptr() == hf.get_input_embeddings().weight.data_ptr())
     assert (hf(idx).logits.detach() - ours).abs().max() < 1e-4
     if tokenizer == "gpt2":   # built offline from data/raw/gpt2.tiktoken: the same ids
-        from dataset import gpt2_encoding
         tok, ids = transformers.AutoTokenizer.from_pretrained("hf"), gpt2_encoding().encode(TEXT)
         assert tok(TEXT)["input_ids"] == ids and tok.decode(ids) == TEXT
 
@@ -136,9 +133,8 @@ def test_what_cannot_be_exported_is_one_sentence_and_changes_nothing(case, to, m
 @pytest.mark.parametrize("entry", entries(), ids="-".join)   # models: as helpers builds them
 def test_every_entry_of_the_tables_exports_its_logits_or_is_refused_in_one_sentence(entry,
                                                                                     monkeypatch):
-    """Its logits by an independent Llama forward (helpers.llama_forward), or refused for what Llama
-    has not: a vector after a Norm (but Qwen3's q/k norms), a Norm after the maps or branches (DNP,
-    post_norm), an MoE FFN; a copy of the placement under a new name alike (README "Forking")."""
+    """Refused only for what Llama has not (a vector after a Norm but Qwen3's q/k norms, DNP,
+    post_norm, an MoE FFN); a copy of the placement under a new name alike (README "Forking")."""
     monkeypatch.setitem(model_py.PLACEMENTS, "copy", model_py.PLACEMENTS[entry[1]])
     idx, qk = tokens(B=2, T=8), tuple(f".{m}.g" for m in export_hf.QK_NORMS)
     for label, kw in models(*entry) + models(entry[0], "copy"):
