@@ -3,10 +3,9 @@
 import sys
 
 import pytest
-import torch
 
 from config.defaults import DEFAULTS as TRAIN, PAIR_RULES, TRAIN_RULES, help_comments
-from configurator import ConfigError, check_device, configure
+from configurator import ConfigError, configure
 
 DEFAULTS = {"out_dir": "out", "init_from": "scratch", "batch_size": 12, "max_iters": 5000,
             "learning_rate": 6e-4, "compile": True, "wandb_run_name": None}
@@ -141,14 +140,3 @@ def test_a_value_out_of_range_is_one_sentence_naming_key_value_and_range(arg):
     msg = str(e.value)
     assert msg.startswith(f"{key}=") and raw in msg and "must be" in msg and "\n" not in msg, msg
     assert arg not in TABLE_KEYS or f"it must be one of {TABLE_KEYS[arg]}" in msg, msg
-
-
-def test_a_device_this_machine_lacks_is_one_sentence():
-    check_device("cpu")
-    check_device("")
-    missing = [d for d, ok in (("cuda", torch.cuda.is_available()),
-                               ("mps", torch.backends.mps.is_available())) if not ok]
-    for device, words in [("tpu", "is out of range"), ("cuda:99", "CUDA device"),
-                          *((d, f"no {d.upper()} device torch can use") for d in missing)]:
-        with pytest.raises(ConfigError, match=words):
-            check_device(device)
