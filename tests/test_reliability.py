@@ -77,8 +77,7 @@ def test_a_stop_signal_saves_and_exits_0_a_second_trainer_is_refused_a_nan_is_ne
 
 @pytest.mark.slow
 def test_sigkill_during_a_save_resumes_from_the_previous_complete_checkpoint(workdir):
-    """A save every step of a model whose save takes a while: the kill lands as soon as a
-    temporary checkpoint appears; `latest` still names the previous one, which resumes."""
+    """The kill lands as soon as a temporary checkpoint appears (a slow save, every step)."""
     out = workdir / "out_kill"
     big = ["--n_layer=4", "--n_embd=384", "--n_head=4", "--eval_interval=1", "--eval_iters=1",
            "--keep_checkpoints=2", "--out_dir=out_kill"]
@@ -213,8 +212,7 @@ def test_a_run_folder_loses_only_its_own_files_and_a_run_only_when_told(tmp_path
 
 
 def test_the_lock_and_metrics_are_never_written_through_a_link(tmp_path):
-    """A symbolic link points anywhere, a hard link (a run copied with `cp -al`) is another run's
-    file: both refused in one sentence, the other file untouched."""
+    """A symbolic link points anywhere; a hard link (a run copied with `cp -al`) is another's."""
     precious = tmp_path / "precious"
     precious.write_text("keep me")
     for name, link, why in (("lock", os.symlink, "is a symbolic link"),

@@ -64,8 +64,7 @@ def test_the_streamed_text_is_the_sample_of_the_same_seed_cut_characters_whole(m
 # ---- the header: which evaluation the weights had ------------------------------------------------
 
 def test_the_header_gives_the_val_loss_of_the_checkpoints_own_evaluation(tmp_path):
-    """Not best_val_loss, which may be an earlier evaluation's (or a stop signal's checkpoint
-    between evaluations); a checkpoint copied alone says only what it knows."""
+    """Not best_val_loss, which may be an earlier evaluation's; a lone checkpoint: what it knows."""
     lines = [{"kind": "eval", "iter": i, "val_loss": v, "train_loss": v}
              for i, v in [(0, 4.17), (250, 1.9), (500, 1.95), (750, 1.5)]]
     lines += [{"kind": "train", "iter": i, "loss": 3.0} for i in range(1, 505)]
@@ -88,9 +87,8 @@ def test_the_header_gives_the_val_loss_of_the_checkpoints_own_evaluation(tmp_pat
 
 @pytest.fixture(scope="module")
 def sample_run(workdir):
-    """out_sample: 3 steps, its dataset then prepared from other text of as many characters (its
-    ids still mean its own); out_folder_latest, whose `latest` is a folder; out_edited, whose
-    vocabulary is not its model's."""
+    """out_sample (3 steps; its data then re-prepared from other text: its ids still mean its own),
+    out_folder_latest (`latest` a folder), out_edited (a vocabulary not its model's)."""
     shutil.copytree(workdir / "data" / "tiny", workdir / "data" / "tiny_s", dirs_exist_ok=True)
     train(workdir, "--dataset=tiny_s", "--out_dir=out_sample", "--max_iters=3")
     (workdir / "binary.bin").write_bytes(bytes(range(256)) * 4)
