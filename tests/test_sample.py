@@ -13,7 +13,7 @@ import torch
 import checkpoint
 import telemetry
 from dataset import decode_stream, get_tokenizer
-from helpers import ENV, ROOT, make, records, train
+from helpers import ENV, ROOT, records, train
 
 BYTE = {"tokenizer": "byte", "vocab_size": 257}
 GPT2 = {"tokenizer": "gpt2", "vocab_size": 50257}
@@ -41,24 +41,17 @@ def cuts(decode, ids):
     return held
 
 
-@pytest.mark.parametrize("meta, n, texts", [
-    (BYTE, 60, ["h\u00e9 \u20ac\U0001f600!", b"\xffA\xe2\x82"]),   # an invalid byte; a cut end
-    (GPT2, 20, ["\u2019 caf\u00e9 \u6f22\u5b57 \U0001f600"])], ids=["byte", "gpt2"])
-def test_the_streamed_text_is_the_sample_of_the_same_seed_cut_characters_whole(meta, n, texts):
-    """A random model emits any ids, so bytes and BPE pieces that end inside a UTF-8 character: no
+@pytest.mark.parametrize("meta, texts", [
+    (BYTE, ["h\u00e9 \u20ac\U0001f600!", b"\xffA\xe2\x82"]),   # an invalid byte; a cut end
+    (GPT2, ["\u2019 caf\u00e9 \u6f22\u5b57 \U0001f600"])], ids=["byte", "gpt2"])
+def test_the_streamed_text_is_the_whole_text_with_cut_characters_held_back(meta, texts):
+    """A model emits any ids, so bytes and BPE pieces that end inside a UTF-8 character: no
     printed piece may end in one (it would show as U+FFFD), and together they are the text."""
     encode, decode = get_tokenizer(meta)
     for text in texts:
         assert cuts(decode, list(text) if isinstance(text, bytes) else encode(text)) >= 3
-    model, prompt = make(vocab_size=meta["vocab_size"]).eval(), encode("Caf\u00e9 \U0001f600:")
-    held = 0
-    for seed in range(2):
-        torch.manual_seed(seed)
-        whole = model.generate(torch.tensor([prompt]), n, top_k=None)[0].tolist()
-        torch.manual_seed(seed)
-        assert prompt + [int(t) for t in model.generate_tokens(torch.tensor([prompt]), n)] == whole
-        held += cuts(decode, whole)
-    assert held >= 2   # some ids did cut a character (the prompt's emoji for GPT-2's BPE)
+    g = torch.Generator().manual_seed(0)   # any ids, as a random model's
+    cuts(decode, torch.randint(meta["vocab_size"], (60,), generator=g).tolist())
 
 
 # ---- the header: which evaluation the weights had ------------------------------------------------
