@@ -16,6 +16,7 @@ import dataset
 import telemetry
 from helpers import finish, make, records, start, train
 
+
 def wait_for(predicate, timeout=120, poll=0.05):
     t0 = time.time()
     while not predicate():
