@@ -50,8 +50,7 @@ def test_the_paired_table_and_the_claim_rule():
 
 
 def test_the_tuned_pairs_leave_out_the_seeds_that_picked_the_rates():
-    """Issue 40: rates picked over TUNE_SEEDS, the pairs over the later seeds. (The lr grid's own
-    tuned rows, which no claim reads: its committed summary regenerates, test_reproduce.py.)"""
+    """Issue 40: rates picked over TUNE_SEEDS, the pairs over the later seeds."""
     results = {}
     for lr in grids.TUNE_LRS:
         for family, best in (("baseline", "1e-3"), ("noscale", "2e-3")):

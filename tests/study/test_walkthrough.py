@@ -1,6 +1,5 @@
 """study/walkthrough.py as a script, on a small model of data/tiny: its progress, the fold, the
 g_i^2 step, unified's refusal to fold, and four figures in its folder, nowhere else."""
-import os
 import re
 import subprocess
 import sys
@@ -24,7 +23,7 @@ def test_the_walkthrough_runs_as_a_script_and_shows_the_papers_argument(workdir,
                         for step in range(4, 41, 4)], out
     assert sorted(f.name for f in (tmp_path / "walk").glob("*.png")) == [
         "folding.png", "g_per_layer.png", "loss.png", "preconditioning.png"]
-    assert not os.path.exists(workdir / "out")   # only the folder it was given
+    assert not (workdir / "out").exists()   # only the folder it was given
     # float32: the folded weights W * g round once, W(g * z) twice; 9.5e-7 measured at 4 x 64,
     # logits up to 7.7
     diff = float(re.search(r"max \|logit difference\| (\S+) over", out).group(1))
