@@ -657,6 +657,7 @@ def refuse_other_settings(out, jobs):
     clash = conflicts(jobs)
     if clash:
         run_dir, old, new = clash[0]
+        old, new = settings(old), settings(new)   # where each folder is: no setting
         was, now = [x for x in old if x not in new], [x for x in new if x not in old]
         raise SystemExit(f"error: {out} already holds {len(clash)} of these runs with other "
                          f"settings (e.g. {run_dir} has {shlex.join(was) or 'fewer arguments'} "
