@@ -3,7 +3,7 @@ The grids reproduce.py runs: named variants (a config file and overrides of trai
 with the baseline it is compared to, the paper's claim about the pair and the expected sign of
 (variant - baseline) validation loss. A grid is a function returning its list of Variants; GRIDS
 names them for --grid. Adding a variant to a grid: a Variant(...) line here; its name must say what
-its config is (name_says: reproduce.py refuses a row that runs something else).
+its config is (reproduce.name_says refuses a row that runs something else).
 """
 import os
 import re
@@ -326,28 +326,9 @@ def is_node_grid(grids, name):
     return getattr(grids[name], "node", False)
 
 
+# the words of a row's name after its variant that set keys (reproduce.name_says)
 MODIFIERS = {"muon": dict(optimizer="muon"), "wsd": dict(lr_schedule="wsd"),
              "half": dict(train_tokens=HALF_TRAIN)}
-
-
-def name_says(name):
-    """What a row's name says of its config (train.py's keys; "moe_" is n_experts > 0, checked by
-    reproduce.check_named), or None if it is not a variant of config/variants.py followed by words
-    of these: a rate (lr<r>; muon_lr after muon), a decay (wd<d>; sv<d>: the vectors'), a size of
-    SIZES, MODIFIERS; a budget (x<b>), tokens per parameter (t<n>) and 350m say nothing."""
-    from config.variants import named_flags, variant_of
-    head = variant_of(name)
-    want = named_flags(head) if head else None
-    for w in filter(None, name.removeprefix("moe_")[len(head or ""):].split("_")):
-        key = {"lr": "muon_lr" if "_muon" in name else "learning_rate", "wd": "weight_decay",
-               "sv": "sv_decay"}.get(w[:2])
-        if w in MODIFIERS or w in SIZES:
-            want |= MODIFIERS.get(w) or dict(zip(("n_layer", "n_embd"), SIZES[w][:2]))
-        elif key and re.fullmatch(r"[\d.e-]+", w[2:]):
-            want[key] = float(w[2:])
-        elif not re.fullmatch(r"x[\d.]+|t\d+|350m", w):
-            return None
-    return want
 
 
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")   # a variant's name is its folder under runs/

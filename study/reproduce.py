@@ -38,7 +38,7 @@ runs whatever the tree holds; each result.json records the code that ran it (its
 of uncommitted Python edits; a resumed run's, the code that finished it).
 
 Results are read by their row's name: a row (of a grid or --add) named after a variant of
-config/variants.py must run what its name says (grids.name_says), or the grid is refused.
+config/variants.py must run what its name says (name_says), or the grid is refused.
 
 The grids are grids.py, the statistics and reports report.py, the figures plots.py.
 """
@@ -60,8 +60,8 @@ import time
 from collections import namedtuple
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
-from study.grids import (GRIDS, MAX_ITERS, MS_PER_ITER, OVERHEAD_S, is_node_grid, name_says,
-                         parse_added, sizing)
+from study.grids import (GRIDS, MAX_ITERS, MODIFIERS, MS_PER_ITER, OVERHEAD_S, SIZES,
+                         is_node_grid, parse_added, sizing)
 from study.plots import plot_grid, plot_report
 from study.report import REPORTS, arg_value, ci95, code_lines, meta_gpt, summarize, write_summary
 
@@ -589,8 +589,28 @@ def choose_variants(a, p, grids):
     return full, [v for v in full if v.name in want]
 
 
+def name_says(name):
+    """What a row's name says of its config (train.py's keys; "moe_" is n_experts > 0, checked by
+    check_named), or None if it is not a variant of config/variants.py followed by words
+    of these: a rate (lr<r>; muon_lr after muon), a decay (wd<d>; sv<d>: the vectors'), a size of
+    SIZES, MODIFIERS; a budget (x<b>), tokens per parameter (t<n>) and 350m say nothing."""
+    from config.variants import named_flags, variant_of
+    head = variant_of(name)
+    want = named_flags(head) if head else None
+    for w in filter(None, name.removeprefix("moe_")[len(head or ""):].split("_")):
+        key = {"lr": "muon_lr" if "_muon" in name else "learning_rate", "wd": "weight_decay",
+               "sv": "sv_decay"}.get(w[:2])
+        if w in MODIFIERS or w in SIZES:
+            want |= MODIFIERS.get(w) or dict(zip(("n_layer", "n_embd"), SIZES[w][:2]))
+        elif key and re.fullmatch(r"[\d.e-]+", w[2:]):
+            want[key] = float(w[2:])
+        elif not re.fullmatch(r"x[\d.]+|t\d+|350m", w):
+            return None
+    return want
+
+
 def check_named(v, spec=None):
-    """A row whose name says what it runs (grids.name_says: a variant of config/variants.py, its
+    """A row whose name says what it runs (name_says: a variant of config/variants.py, its
     MoE twin moe_NAME, and further words) must run that, since results are read by their row's
     name; returns the row."""
     want, cfg = name_says(v.name), train_config(v.config, tuple(v.overrides))
@@ -600,7 +620,7 @@ def check_named(v, spec=None):
     if bad:
         raise SystemExit(f"error: {f'--add={spec}' if spec else f'grid row {v.name}'}: its "
                          f"name says otherwise of what {' '.join([v.config, *v.overrides])} runs: "
-                         f"{'; '.join(bad)} (study/grids.py, name_says): give the row another "
+                         f"{'; '.join(bad)} (study/reproduce.py, name_says): give the row another "
                          "name or the flags its name says")
     return v
 

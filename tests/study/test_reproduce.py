@@ -246,10 +246,10 @@ def test_a_grid_of_train_py_runs_stops_on_ctrl_c_resumes_and_summarizes(workdir,
 
 def test_every_grid_row_and_added_row_runs_the_config_its_name_says(capsys):
     """Results are read by their row's name: each row of each grid, and an --add row named after a
-    variant (issue 32), runs what grids.name_says its name says, or is refused. --add=NAME:CONFIG[:
+    variant (issue 32), runs what name_says its name says, or is refused. --add=NAME:CONFIG[:
     OVERRIDES[:BASELINE[:SIGN[:CLAIM]]]]; bad input is one sentence, nothing written (20.12)."""
     for grid in grids.GRIDS.values():
-        assert all(grids.name_says(v.name) and reproduce.check_named(v) for v in grid())
+        assert all(reproduce.name_says(v.name) and reproduce.check_named(v) for v in grid())
     assert grids.parse_added("w:config/unified_char.py:--n_embd=192,--n_head=6::-1:ER: lower",
                              grids.default_grid()) == Variant(   # the claim keeps its colons
         "w", "config/unified_char.py", ["--n_embd=192", "--n_head=6"], "baseline", "ER: lower", -1)
@@ -258,7 +258,7 @@ def test_every_grid_row_and_added_row_runs_the_config_its_name_says(capsys):
             ("--add=unified_novec:config/unified_char.py", "its name says otherwise of what "
              "config/unified_char.py runs: sv_placement='dnp', not 'dnp_novec'"),
             ("--add=baseline_lr2e-3:config/baseline_char.py", "learning_rate=0.001, not 0.002"),
-            ("--add=baseline_x2:config/moe_baseline_char.py", "runs: n_experts=4 (study/grids")]:
+            ("--add=baseline_x2:config/moe_baseline_char.py", "runs: n_experts=4 (study/repro")]:
         assert words in refused("--grid=regime", "--dry_run", arg), arg
     dry(capsys, "--grid=lr", "--seeds=1", "--add=unified_novec:config/unified_char.py:"
         "--sv_placement=dnp_novec:baseline_lr1e-3")
