@@ -58,14 +58,11 @@ def test_the_streamed_text_is_the_whole_text_with_cut_characters_held_back(meta,
 
 def test_the_header_gives_the_val_loss_of_the_checkpoints_own_evaluation(tmp_path):
     """Not best_val_loss, which may be an earlier evaluation's; a lone checkpoint: what it knows."""
-    lines = [{"kind": "eval", "iter": i, "val_loss": v, "train_loss": v}
-             for i, v in [(0, 4.17), (250, 1.9), (500, 1.95), (750, 1.5)]]
-    lines += [{"kind": "train", "iter": i, "loss": 3.0} for i in range(1, 505)]
-    lines.sort(key=lambda r: r["iter"])   # as train.py leaves them
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    state = {"model": {}, "optimizers": [], "model_args": {}, "config": {}, "iter_num": 500,
-             "best_val_loss": 1.9}
-    path = str(checkpoint.save(tmp_path, state, 500))
+    log = [("eval", 0, 4.17), ("eval", 250, 1.9), ("eval", 500, 1.95), ("train", 504, 3.0),
+           ("eval", 750, 1.5)]   # by iteration, as train.py leaves them
+    (tmp_path / "metrics.jsonl").write_text("".join(
+        json.dumps({"kind": kind, "iter": i, "val_loss": v}) + "\n" for kind, i, v in log))
+    path, state = str(tmp_path / "ckpt_0000500.pt"), {"iter_num": 500, "best_val_loss": 1.9}
     line = telemetry.describe(path, state)
     assert line.endswith("ckpt_0000500.pt (iteration 500, val loss 1.9500, best 1.9000)"), line
     line = telemetry.describe(path, {**state, "iter_num": 504})
