@@ -831,6 +831,5 @@ def code_lines(results):
     runs = {k: labels.count(k) for k in sorted(set(labels))}
     if len(runs) <= 1:
         return [f"Code: every run by {next(iter(runs), 'no run')}."]
-    # "(--mixed_code)": the committed summaries' words, from when a flag allowed a mix
-    return [f"Code: the runs mix code versions (--mixed_code): "
+    return [f"Code: the runs mix code versions: "
             f"{'; '.join(f'{n} by {k}' for k, n in runs.items())}."]

@@ -180,8 +180,7 @@ def test_a_folder_holds_one_settings_the_readme_plans_and_the_summaries_regenera
         sys.executable, "-m", "torch.distributed.run", "--standalone"]   # what runs it
     for path in sorted(Path(ROOT, "study/results").glob("*/summary.md")):   # all 10
         old = path.read_text().splitlines()
-        # "Last command: `python -m ...`"; scaling's names --mixed_code, a flag since removed
-        argv = [a for a in shlex.split(old[2].split("`")[1])[3:] if a != "--mixed_code"]
+        argv = shlex.split(old[2].split("`")[1])[3:]   # "Last command: `python -m ...`"
         assert reproduce.main(argv + ["--variants=noscale"] * (argv == ["--summary_only"])) == 0
         new = Path("study/results", path.parent.name, "summary.md").read_text().splitlines()
         assert new[3:] == old[3:] and len(old) > 10, path
