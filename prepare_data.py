@@ -172,14 +172,12 @@ class DownloadError(Exception):
     pass
 
 def encode_batch(docs, tokenizer):
-    """The ids of a list of documents, <|endoftext|> before each (byte: id 256), as one array; the
-    documents' lengths in tokens and their sha256s (the parent fingerprints the source it used)."""
+    """The ids of a list of documents, <|endoftext|> before each (byte: id 256), as one array."""
     if tokenizer == "byte":
         ids = [np.insert(utf8_ids(d), 0, BYTE_EOT) for d in docs]
     else:
         ids = [np.array([EOT] + gpt2_encoding().encode_ordinary(d), np.uint16) for d in docs]
-    return (np.concatenate(ids), np.array([len(i) for i in ids]),
-            b"".join(hashlib.sha256(d.encode()).digest() for d in docs))
+    return np.concatenate(ids)
 
 def documents(files):
     """Lists of documents, read lazily (in the pool's feeder thread) from local files, offline, or
@@ -244,17 +242,14 @@ def prepare_fineweb(out_dir, name, num_tokens, val_tokens=None, processes=None, 
     recipe.update(tokenizer=tokenizer, num_tokens=num_tokens, val_tokens=val_tokens)
     if is_prepared(out_dir, recipe):
         return
-    batches, fingerprint, written = documents(files), hashlib.sha256(), 0
+    batches, written = documents(files), 0
     progress = Progress(num_tokens, "tokens")
     encode = functools.partial(encode_batch, tokenizer=tokenizer)   # picklable for the workers
     meta = {"name": name, **recipe, "dtype": "uint16",
             "vocab_size": BYTE_VOCAB if tokenizer == "byte" else EOT + 1}
     with staged_set(out_dir, meta) as (train_f, val_f), mp.Pool(processes) as pool:
-        for ids, lengths, doc_shas in pool.imap(encode, batches):
+        for ids in pool.imap(encode, batches):
             ids = ids[:num_tokens - written]
-            # the documents that start within the budget: the same digest as one update per document
-            used = int(np.sum(np.cumsum(lengths) - lengths < len(ids)))
-            fingerprint.update(doc_shas[:32 * used])
             n_val = min(len(ids), max(val_tokens - written, 0))
             val_f.write(ids[:n_val].tobytes())
             train_f.write(ids[n_val:].tobytes())
@@ -265,7 +260,7 @@ def prepare_fineweb(out_dir, name, num_tokens, val_tokens=None, processes=None, 
         progress.close()   # too few for val and train: staged_set says so
         if written < num_tokens:
             print(f"note: the documents ran out at {written:,} of the {num_tokens:,} tokens")
-        meta.update(train_tokens=written - val_tokens, source_sha256=fingerprint.hexdigest())
+        meta.update(train_tokens=written - val_tokens)
 
 # ---- the command line ---------------------------------------------------------------------------
 

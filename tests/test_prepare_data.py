@@ -1,6 +1,5 @@
 """prepare_data.py, dataset.py: tokenizers, token files, each source, bad input (one sentence)."""
 import errno
-import hashlib
 import io
 import json
 import os
@@ -139,11 +138,6 @@ def test_fineweb_edu_gives_the_tokens_of_its_documents(tmp_path, monkeypatch, ca
         meta, train, val = read_set(tmp_path / "fw")
         # in sorted file order; the first 0.5% is val
         assert val + train == stream_of(docs, tokenizer)[:600] and len(val) == 600 // 200
-        # the fingerprint: the documents that start within the budget, a cut one too, in order
-        starts = np.cumsum([0] + [len(stream_of([d], tokenizer)) for d in docs])
-        used = b"".join(hashlib.sha256(d.encode()).digest() for d, i in zip(docs, starts)
-                        if i < 600)
-        assert meta["source_sha256"] == hashlib.sha256(used).hexdigest()
         with monkeypatch.context() as m:   # a complete set needs no `datasets`, no download
             m.setitem(sys.modules, "datasets", None)
             prepare_data.main([*args, "--tokenizer", tokenizer])
