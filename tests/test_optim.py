@@ -57,14 +57,13 @@ def test_sv_decay_sets_the_vectors_decay_apart_from_the_matrices(policy):
 
 
 @pytest.mark.slow
-def test_muon_run_trains_and_resumes_and_the_same_seed_gives_the_same_final_loss(workdir):
+def test_muon_run_trains_and_resumes_and_the_seed_reaches_the_run(workdir):
     muon = ["--out_dir=out_muon", "--eval_interval=10", "--optimizer=muon", "--lr_schedule=wsd"]
     train(workdir, *muon, "--max_iters=20")
     assert (e := records(workdir, "out_muon", "eval"))[-1]["val_loss"] < e[0]["val_loss"] - 0.3
     train(workdir, *muon, "--max_iters=24", "--init_from=resume")
     assert [r["iter"] for r in records(workdir, "out_muon", "train")] == list(range(1, 25))
-    finals = []
-    for out, seed in (("out_seed_a", 7), ("out_seed_b", 7), ("out_seed_c", 8)):
-        train(workdir, f"--out_dir={out}", "--max_iters=8", "--eval_interval=8", f"--seed={seed}")
-        finals.append(records(workdir, out, "eval")[-1]["val_loss"])
-    assert finals[0] == finals[1] and finals[0] != finals[2]
+    for seed in (7, 8):   # one seed gives one run bit for bit: test_train's pinned run
+        train(workdir, f"--out_dir=out_seed{seed}", "--max_iters=8", "--eval_interval=8",
+              f"--seed={seed}")
+    assert records(workdir, "out_seed7", "eval")[-1] != records(workdir, "out_seed8", "eval")[-1]
