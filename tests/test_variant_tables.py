@@ -323,13 +323,6 @@ def test_the_decay_groups_follow_the_declarations_and_the_policy(entry, policy):
     check_decay_groups(*entry, policy)
 
 
-@pytest.mark.parametrize("placement", list(model_py.PLACEMENTS))
-def test_a_copy_of_a_placement_under_a_new_name_is_treated_as_the_original(monkeypatch, placement):
-    """Folding reads the entry, never the name (export_hf too: tools/test_export_hf.py)."""
-    monkeypatch.setitem(model_py.PLACEMENTS, "copy", model_py.PLACEMENTS[placement])
-    check_folding("none", "copy")
-
-
 # ---- no flag is inert, and every flag that adds a vector is in the one list ---------------------
 
 def flag_configs():
@@ -421,17 +414,18 @@ def register_the_toy_location(monkeypatch, **toy):
 def test_the_readme_checklist_on_toy_entries(monkeypatch):
     """README "Forking: a new variant": one entry per table, registered at runtime, gets every
     generic check with no other edit, and train.py takes its name: a reparameterization "sp", a
-    placement "dp2" (a copy of DP's entry), a decay policy "blocks_all" (every vector but
+    placement "norm2" (dnp_novec's entry: a Norm after the maps, no vector there, so folding must
+    be refused by the entry, not the name), a decay policy "blocks_all" (every vector but
     g_final); and a new location (a per-head gate before W_o, one flag) gets them too."""
     # g = 1 where softplus(a) = softplus(0): a = 0
     monkeypatch.setitem(model_py.REPARAMS, "sp", model_py.Reparam(params=dict(a=("vector", 0.0)),
                                                                   g=softplus_g))
-    monkeypatch.setitem(model_py.PLACEMENTS, "dp2", model_py.PLACEMENTS["dp"])
+    monkeypatch.setitem(model_py.PLACEMENTS, "norm2", model_py.PLACEMENTS["dnp_novec"])
     monkeypatch.setitem(model_py.DECAY_POLICIES, "blocks_all", ("sv_input", "sv_output"))
-    for reparam, placement in (("sp", "pre"), ("sp", "dnp"), ("or", "dp2")):
+    for reparam, placement in (("sp", "pre"), ("sp", "dnp"), ("or", "norm2")):
         check_all(reparam, placement)
     configurator.configure(dict(sv_reparam="none", sv_placement="pre", sv_weight_decay="none"),
-                           ["--sv_reparam=sp", "--sv_placement=dp2",
+                           ["--sv_reparam=sp", "--sv_placement=norm2",
                             "--sv_weight_decay=blocks_all"], config_defaults.TRAIN_RULES)
     register_the_toy_location(monkeypatch)
     configurator.configure({"sv_headgate": False}, ["--sv_headgate=True"],
