@@ -269,15 +269,6 @@ def test_folding_keeps_dtype_and_device_draws_no_random_number_and_refuses_what_
         model.fold_scale_vectors()
 
 
-def test_or_normalizes_alpha_with_norm_eps():
-    """OR: g = beta * Norm(alpha) with the model's norm_eps (F.rms_norm's default eps was used)."""
-    sv = ScaleVector(1, 4, GPTConfig(**TINY, sv_reparam="or", norm_eps=1e-2), model_py.AFTER_NORM)
-    with torch.no_grad():
-        sv.alpha.fill_(0.1)
-        sv.beta.fill_(2.0)
-    torch.testing.assert_close(sv(), torch.full((1, 4), 2 * 0.1 / math.sqrt(0.1 ** 2 + 1e-2)))
-
-
 def spread_qkv_vector(frozen_g=False):
     """Layer 0's g_attn set to 0.5 ... 2 and W's q, k, v columns to norm 1: ||W'_j|| is g_j."""
     model = make()
