@@ -19,8 +19,7 @@ def workdir(tmp_path_factory):
     return wd
 
 
-def pytest_configure(config):
-    # subprocess tests (torchrun, several processes): `-m "not slow"` leaves them out
+def pytest_configure(config):   # `-m "not slow"` leaves them out
     config.addinivalue_line("markers", "slow: a test of several processes, 10-40 s on 2 cores")
 
 

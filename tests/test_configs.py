@@ -1,6 +1,5 @@
-"""Every config in config/ builds, as train.py reads it, a model and the optimizers' parameter
-groups of the size below (on the meta device); a new config fails until it has its row. The 124M
-configs train as a node runs them (the dense one compiled), on a CPU, and resume."""
+"""Every config builds, as train.py reads it, a model and optimizer groups of its size below (a new
+config fails until it has its row); the 124M configs train as a node runs them, and resume."""
 import math
 import os
 import subprocess
