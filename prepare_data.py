@@ -233,8 +233,8 @@ def prepare_fineweb(out_dir, name, num_tokens, val_tokens=None, processes=None, 
     files = sorted(p for p in glob.glob(os.path.expanduser(data_files or ""), recursive=True)
                    if os.path.isfile(p))
     if data_files and not files:
-        raise SystemExit(f"error: --data_files {data_files!r} matches no file: give a glob of local "
-                         ".parquet files, quoted so that the shell does not expand it")
+        raise SystemExit(f"error: --data_files {data_files!r} matches no file: give a glob of "
+                         "local .parquet files, quoted so that the shell does not expand it")
     recipe = {"source": f"local parquet files: {data_files}" if files else FINEWEB}
     if files:   # every file with its size, so a changed shard set is prepared again
         recipe["files"] = [[os.path.abspath(f), os.path.getsize(f)] for f in files]
@@ -294,7 +294,7 @@ def main(argv=None):
                       help="byte: UTF-8 bytes, vocab 257")
     f = sub.add_parser("fineweb_edu",
                        help="a FineWeb-Edu sample (needs `datasets`; network unless --data_files)")
-    f.add_argument("--data_files", help="a glob of local .parquet files (quoted) instead of the hub")
+    f.add_argument("--data_files", help="a glob of local .parquet files (quoted), not the hub")
     f.add_argument("--num_tokens", type=count, default=10**9, help="train + val tokens")
     f.add_argument("--val_tokens", type=count, help="first tokens kept for val (default 0.5%%)")
     f.add_argument("--name", default="fineweb_edu")
