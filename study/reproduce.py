@@ -82,9 +82,8 @@ def run_args(v, max_iters, extra, seed, run_dir, tokens=None, node=False):
     return [*sizing(iters), *rest, *extra, f"--seed={seed}", f"--out_dir={run_dir}"]
 
 
-@functools.lru_cache(maxsize=None)
 def train_config(config, overrides=()):
-    """config.defaults.train_config, a bad value one sentence."""
+    """config.defaults.train_config (cached there), a bad value one sentence."""
     from config.defaults import train_config as resolve
     from configurator import ConfigError
     try:
