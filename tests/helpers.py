@@ -154,6 +154,7 @@ TINY_MODEL = ["--dataset=tiny", "--n_layer=2", "--n_head=2", "--n_embd=32", "--b
               "--batch_size=4", "--vocab_pad=1", "--device=cpu", "--log_interval=1",
               "--eval_iters=2", "--warmup_iters=2", "--learning_rate=3e-3", "--min_lr=3e-4"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
 
 
 def start(wd, *args, launcher=(sys.executable,), env=None):

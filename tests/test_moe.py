@@ -1,12 +1,10 @@
 """The Mixture-of-Experts FFN (model.MoE): routing, dispatch, balancing, vectors, train.py runs."""
-import sys
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import (MOE, TINY, VARIANTS, final_state, make, randomize_scale_vectors, records,
-                     tokens, train)
+from helpers import (MOE, TINY, TORCHRUN, VARIANTS, final_state, make, randomize_scale_vectors,
+                     records, tokens, train)
 from model import SwiGLU
 
 
@@ -167,8 +165,7 @@ def test_ddp_with_experts_that_get_no_token(workdir):
     common = ["--max_iters=3", "--eval_interval=3", "--gradient_accumulation_steps=2",
               "--batch_size=1", "--n_experts=32", "--n_experts_active=1", "--n_shared_experts=1"]
     train(workdir, "--out_dir=out_moe_single", *common)
-    p = train(workdir, "--out_dir=out_moe_ddp", *common, launcher=(
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"))
+    p = train(workdir, "--out_dir=out_moe_ddp", *common, launcher=TORCHRUN)
     single, ddp = (final_state(workdir, f"out_moe_{run}") for run in ("single", "ddp"))
     assert p.returncode == 0 and ddp["iter_num"] == 3
     for k in single["model"]:

@@ -13,9 +13,8 @@ import torch
 
 import checkpoint
 from config.variants import VARIANTS
-from helpers import ROOT, final_state, finish, records, start, train
+from helpers import ROOT, TORCHRUN, final_state, finish, records, start, train
 
-TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
 COMMON = ["--eval_interval=5", "--lr_decay_iters=12", "--sv_hetero=True", "--sv_reparam=or",
           "--gradient_accumulation_steps=2"]   # under DDP, one micro-step per process
 
