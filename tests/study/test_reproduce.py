@@ -1,6 +1,7 @@
 """study/reproduce.py and grids.py: resume, refusals, locks, signals, code records, plans, grid
 rows; train.py stood in for (Children.run) but in one slow test of real train.py processes."""
 import json
+import math
 import os
 import re
 import shlex
@@ -150,9 +151,14 @@ def test_a_folder_holds_one_settings_the_readme_plans_and_the_summaries_regenera
     31.13: one exited 1 on a fresh clone); the epoch cap counts train.bin, not meta.json (31.4); a
     node run is sized by --tokens; each committed summary regenerates by the command it names (the
     default grid's with --variants=noscale: a summary is of the whole grid)."""
-    def leaves(x, at=""):   # a JSON value as {path: leaf}, which pytest.approx compares
-        items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, list) else ()
-        return {path: y for k, v in items for path, y in leaves(v, f"{at}/{k}").items()} or {at: x}
+    def close(a, b):   # two JSON values: equal, but floats within rel 1e-9 (NaN equals NaN)
+        if isinstance(a, dict) and isinstance(b, dict):
+            return a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
+        if isinstance(a, list) and isinstance(b, list):
+            return len(a) == len(b) and all(map(close, a, b))
+        if isinstance(a, float) and isinstance(b, float):
+            return math.isclose(a, b, rel_tol=1e-9) or math.isnan(a) and math.isnan(b)
+        return type(a) is type(b) and a == b
     shutil.copytree(Path(ROOT, "study/results"), "study/results",   # the runs' --out_dir: relative
                     ignore=shutil.ignore_patterns("*.png", "summary.*"))
     Path("data/shakespeare_char").mkdir(parents=True)   # regime's epoch cap: train.bin's size,
@@ -187,7 +193,9 @@ def test_a_folder_holds_one_settings_the_readme_plans_and_the_summaries_regenera
         new, old = ({**json.loads(Path(r, "study/results", path.parent.name, "summary.json")
                                   .read_text()), "command": None} for r in (".", ROOT))
         # exact but for the scaling fit's power laws (numpy): 4e-14 apart across CPUs
-        assert leaves(new) == pytest.approx(leaves(old), rel=1e-9)
+        assert close(new, old), path
+    assert not subprocess.run(["git", "status", "--porcelain", "study/results"], cwd=ROOT,
+                              capture_output=True, text=True).stdout   # written under tmp only
 
 
 def test_each_train_py_leads_a_session_of_its_own_and_no_run_starts_after_a_stop():
