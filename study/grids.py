@@ -313,13 +313,63 @@ def decay_grid():
     return v
 
 
+# ---- science round 5: IWD with an untied head, the gain against size, Muon on one code ---------
+# IWD where decay can act (study/README.md, predictions of round 5): the head untied, so g_final
+# folds into it and adds no expressivity, at 2x64 for 3 epochs at lr 2e-3, where the baseline's
+# vectors grow; the matrices decayed at the recipe's 0.1, the vectors at 0.1 and 1.0
+UNTIED_ITERS = round(3 * 1_003_854 / 768)   # 3 epochs of Tiny Shakespeare's training split
+UNTIED = [f"--max_iters={UNTIED_ITERS}", "--n_layer=2", "--n_embd=64", "--n_head=2",
+          "--tie_embeddings=False", "--learning_rate=2e-3", "--min_lr=2e-4"]
+
+
+def untied_grid():
+    base = "baseline_2x64_untied_lr2e-3"
+    v = [Variant(base, "config/baseline_char.py", UNTIED, None, "", 0)]
+    for d in SV_DECAYS:
+        f = UNTIED + [f"--sv_decay={d}"]
+        v += [Variant(f"iwd_2x64_untied_lr2e-3_sv{d}", "config/iwd_char.py", f, base, IWD, -1),
+              Variant(f"iwd_blocks_2x64_untied_lr2e-3_sv{d}", "config/iwd_blocks_char.py", f,
+                      base, "(our control) IWD without decay on g_final", 0)]
+    return v
+
+
+# The gain against model size at one budget (the scaling grid's 1x: TPP_1X tokens per parameter),
+# each family at its own rate: every rate of SIZE_TREND_LRS on TUNE_SEEDS, which pick it and are
+# then left out of the pairs (report.size_trend)
+SIZE_TREND_LRS = {"2x64": ("1e-3", "2e-3", "4e-3", "8e-3"), "5x160": ("2.5e-4", "5e-4", "1e-3")}
+
+
+def size_grid():
+    v = []
+    for size, lrs in SIZE_TREND_LRS.items():
+        n_layer, n_embd, iters = SIZES[size]
+        for lr in lrs:
+            own = [f"--max_iters={iters}", f"--n_layer={n_layer}", f"--n_embd={n_embd}",
+                   f"--n_head={n_embd // 32}", f"--learning_rate={lr}",
+                   f"--min_lr={float(lr) / 10:g}"]
+            v += [Variant(f"{f}_{size}_lr{lr}", f"config/{f}_char.py", own, None, "", 0)
+                  for f in ("baseline", "unified")]
+    return v
+
+
+# Unified against the baseline under Muon, each at its best muon_lr of the lr grid (its seed 1
+# picked them: left out of the pair, report.muon_report), all on one code
+def muon_grid():
+    muon = ["--optimizer=muon"]
+    return [Variant("baseline_muon_lr4e-3", "config/baseline_char.py", muon + ["--muon_lr=4e-3"],
+                    None, "", 0),
+            Variant("unified_muon_lr1e-3", "config/unified_char.py", muon + ["--muon_lr=1e-3"],
+                    None, "", 0)]
+
+
 GRIDS = {"default": default_grid, "core": lambda: core(default_grid()),
          # the paper's 0.12B table on one node: baseline, noscale, unified; node_full: all
          "node": node_grid(lambda: core(default_grid("124m"))),
          "node_full": node_grid(lambda: default_grid("124m")),
          "node_350m": node_350m, "lr": lr_grid, "scaling": scaling_grid, "wd": wd_grid,
          "regime": regime_grid, "power": power_grid, "iwd": iwd_grid, "repeat": repeat_grid,
-         "tuned": tuned_grid, "decay": decay_grid}
+         "tuned": tuned_grid, "decay": decay_grid, "untied": untied_grid, "size": size_grid,
+         "muon": muon_grid}
 
 
 def is_node_grid(grids, name):
@@ -328,7 +378,7 @@ def is_node_grid(grids, name):
 
 # the words of a row's name after its variant that set keys (reproduce.name_says)
 MODIFIERS = {"muon": dict(optimizer="muon"), "wsd": dict(lr_schedule="wsd"),
-             "half": dict(train_tokens=HALF_TRAIN)}
+             "half": dict(train_tokens=HALF_TRAIN), "untied": dict(tie_embeddings=False)}
 
 
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")   # a variant's name is its folder under runs/
