@@ -4,19 +4,13 @@ scale-vector variant of arXiv:2605.26895, "Negligible in Size, Significant in Ef
 Vectors in Large Language Models" (DESIGN.md: the definitions and the choices made).
 
 Norm(x) = x / sqrt(mean(x^2) + eps) has no parameter; a scale vector g multiplies it. Every variant
-is made of three pieces:
-  ScaleVector   a learnable vector, plain or reparameterized (OR / ER), that declares where it acts:
-                the linear map it folds into, or that a Norm sits between (it cannot fold);
-  ScaledLinear  a linear map fed by Norm(x), with g_in on its input side and g_out on its output
-                side: g_out * W(g_in * Norm(x)), computed under DP as (W * g_out g_in^T) Norm(x),
-                the vectors folded into the weight once per step; under DNP g_out * Norm(W(...));
-  OutputNorm    g * Norm(x) where no linear map follows (qk_norm, post_norm).
-The tables PLACEMENTS and REPARAMS say what each value of sv_placement and sv_reparam means.
+is made of three pieces: ScaleVector (a learnable g, plain or reparameterized, that declares where
+it acts), ScaledLinear (a linear map fed by Norm(x): g_out * W(g_in * Norm(x)), or DNP's
+g_out * Norm(W(g_in * Norm(x)))) and OutputNorm (g * Norm(x) where no linear map follows). The
+tables PLACEMENTS and REPARAMS say what each value of sv_placement and sv_reparam means.
 
-First reading: from here to the end of GPT.forward (the operations, the tables, GPTConfig, the
-three pieces, Attention, SwiGLU, Block, GPT). Then GPT's decay groups and folding, and the optional
-Mixture of Experts (n_experts > 0). The named variants are config/variants.py; telemetry.py
-measures the vectors.
+First reading: from here to the end of GPT.forward. Then GPT's decay groups and folding, GPTConfig
+and its checks, and the optional Mixture of Experts (n_experts > 0).
 """
 import math
 from dataclasses import dataclass, fields, replace
@@ -30,9 +24,8 @@ import torch.nn.functional as F
 # ---- the operations: plain PyTorch, what runs everywhere (speed: torch.compile) ----------------
 
 def norm(x, eps):
-    """Norm(x) = x / sqrt(mean(x^2) + eps) over the last dimension, no parameter; the statistic in
-    at least float32. F.rms_norm computes exactly that (bit for bit, forward and backward, on every
-    CPU kind) about 10% faster in eager than the four ops spelled out."""
+    """Norm(x) = x / sqrt(mean(x^2) + eps) over the last dimension, in at least float32: F.rms_norm
+    (bit for bit the four ops spelled out, on every CPU kind, and 10% faster in eager)."""
     xf = x.float() if x.element_size() < 4 else x
     return F.rms_norm(xf, (x.size(-1),), eps=eps).to(x.dtype)
 
@@ -52,8 +45,7 @@ def swiglu(gate_up):
 
 
 def cross_entropy(logits, targets):
-    """Mean cross-entropy of logits (N, V) over the targets (N,) that are not -1, in at least
-    float32."""
+    """Mean cross-entropy of logits (N, V) over the targets (N,) not -1, in at least float32."""
     logits = logits.float() if logits.element_size() < 4 else logits
     return F.cross_entropy(logits, targets, ignore_index=-1)
 
@@ -89,15 +81,6 @@ PLACEMENTS = {
 }
 
 
-def check_placement(name, p):
-    """An entry ScaledLinear cannot apply would train an inert vector: refused (paper 2.2: a vector
-    after a Norm cannot fold, one right after W can)."""
-    if p.g_out not in (None, "folded", "after_norm") or (p.g_out == "after_norm") != (
-            p.norm and p.g_out is not None):
-        raise ValueError(f"PLACEMENTS[{name!r}] = {p} is not built by ScaledLinear: g_out is None, "
-                         "'folded' (no Norm after the map) or 'after_norm' (norm=True)")
-
-
 class Reparam(NamedTuple):
     # raw parameter name -> (shape, init). shape: "vector" (d entries per row), "direction" (d
     # entries per row, of which only the direction counts: a fixed buffer when d == 1, where there
@@ -127,122 +110,29 @@ REPARAMS = {
     "er": Reparam(params=dict(alpha=("direction", 0.0), beta=("scalar", 0.0)), g=er_g),
 }
 
-# width of DNP's g_out, an open choice (DESIGN.md): "full", the map's output width; "head", one
-# head-sized vector per branch q, k, v shared by the heads, one scalar per branch gate, up
+# width of DNP's g_out (DESIGN.md): "full", the map's output width; "head", one head-sized vector
+# per branch q, k, v shared by the heads, one scalar per branch gate, up
 DNP_WIDTHS = ("full", "head")
 
-
-class VectorFlag(NamedTuple):
-    values: object            # the values it takes: a tuple, or the table whose keys they are
-    adds_norm: bool = False   # it adds a Norm too, which stays (parameter-free) without vectors
-
-
-# The GPTConfig flags that put or shape scale vectors: GPTConfig refuses all but their default under
-# scale_vectors=False, fold_scale_vectors resets them, the generic tests build their models from
-# them. A new location is one entry.
-VECTOR_FLAGS = dict(sv_hetero=VectorFlag((False, True)), sv_placement=VectorFlag(PLACEMENTS),
-                    sv_reparam=VectorFlag(REPARAMS), sv_dnp_width=VectorFlag(DNP_WIDTHS),
-                    qk_norm=VectorFlag((False, True), adds_norm=True),
-                    post_norm=VectorFlag((False, True), adds_norm=True))
-
-
-@dataclass
-class GPTConfig:
-    block_size: int = 1024       # the context: tokens per sequence
-    vocab_size: int = 50257      # the tokenizer's; the embedding is padded to vocab_pad
-    vocab_pad: int = 64          # rows rounded up for fast matmuls; padded ids are never sampled
-    n_layer: int = 12            # blocks
-    n_head: int = 12             # attention heads
-    n_embd: int = 768            # the width of the residual stream
-    # 0: 8/3 * n_embd rounded up to a multiple of 32 (Llama: as many weights as a 4x GELU MLP)
-    mlp_hidden: int = 0
-    tie_embeddings: bool = True  # the head is the embedding (its g_final folds into it untied)
-    rope_theta: float = 10000.0  # RoPE's base
-    norm_eps: float = 1e-6       # the eps of every Norm, OR's too
-    # scale vectors: one flag per variant (DESIGN.md)
-    scale_vectors: bool = True   # False: every norm is parameter-free (paper Fig. 1 ablation)
-    sv_hetero: bool = False      # HG, paper 3.1: one g_in per branch (q, k, v; gate, up)
-    sv_placement: str = "pre"    # DP, DNP: vectors on both sides of the maps (paper 3.2)
-    sv_reparam: str = "none"     # OR, ER: g as a magnitude times a direction (paper 3.3)
-    sv_dnp_width: str = "full"   # DNP's g_out: the map's width, or a head's ("head")
-    qk_norm: bool = False        # g_q * Norm(q), g_k * Norm(k) per head (Output-Norm)
-    post_norm: bool = False      # x + g_post * Norm(branch) (Output-Norm)
-    # Mixture-of-Experts FFN in place of the dense SwiGLU (class MoE); n_experts=0: dense
-    n_experts: int = 0           # routed experts per MoE layer
-    n_experts_active: int = 2    # top-k routed experts per token
-    n_shared_experts: int = 0    # experts every token goes through
-    # each expert's SwiGLU width; 0: hidden / (k + shared), rounded up to 32 (dense's active size)
-    moe_hidden: int = 0
-    moe_dense_layers: int = 0    # the first N layers keep the dense SwiGLU (1: "all but the first")
-    moe_bias_rate: float = 1e-3  # DeepSeek-V3's balancing: the expert bias's step (0: none)
-
-    def __post_init__(self):
-        for flag, table in (("sv_placement", PLACEMENTS), ("sv_reparam", REPARAMS),
-                            ("sv_dnp_width", DNP_WIDTHS)):
-            value = getattr(self, flag)
-            check(value in table, f"{flag} must be one of {', '.join(map(repr, table))}, "
-                                  f"not {value!r}")
-        placement = PLACEMENTS[self.sv_placement]
-        check_placement(self.sv_placement, placement)
-        check(self.sv_dnp_width == "full" or placement.g_out == "after_norm",
-              f"sv_dnp_width={self.sv_dnp_width!r} sets the width of DNP's g_out, which "
-              f"sv_placement={self.sv_placement!r} does not have: it needs sv_placement='dnp'")
-        for flag, spec in VECTOR_FLAGS.items():
-            default = next(f.default for f in fields(self) if f.name == flag)
-            check(self.scale_vectors or spec.adds_norm or getattr(self, flag) == default,
-                  f"{flag}={getattr(self, flag)!r} needs scale_vectors=True "
-                  "(there is no vector to vary)")
-        check(not (self.qk_norm and placement.norm),
-              f"qk_norm=True with sv_placement={self.sv_placement!r} is redundant: DNP already "
-              "puts a norm and a vector on q and k")
-        check(self.n_embd % self.n_head == 0 and (self.n_embd // self.n_head) % 2 == 0,
-              "n_embd must be a multiple of n_head with an even head size (RoPE rotates pairs)")
-        check(self.n_experts >= 0, f"n_experts must be >= 0 (0: dense), not {self.n_experts}")
-        if self.n_experts:
-            check_moe(self)
-
-    @property
-    def hidden(self):
-        return self.mlp_hidden or 32 * math.ceil(8 * self.n_embd / 3 / 32)
-
-    @property
-    def expert_hidden(self):
-        active = self.n_experts_active + self.n_shared_experts
-        return self.moe_hidden or 32 * math.ceil(self.hidden / active / 32)
-
-    @property
-    def padded_vocab(self):
-        return self.vocab_pad * math.ceil(self.vocab_size / self.vocab_pad)
-
-
-def check(ok, msg):
-    if not ok:
-        raise ValueError(f"GPTConfig: {msg}")
+# Where a vector acts (ScaleVector's folds_into, read for folding, decay and export): the weights g
+# multiplies when folded (paper 2.2: W (g * z) = (W diag(g)) z), as ((weight's path from the
+# vector's holder, side), ...), side "columns", W diag(g) (g on the map's input), or "rows",
+# diag(g) W (DP's g_out); or AFTER_NORM: a Norm stands between g and any linear map, so it cannot
+# fold (DNP's g_out, qk_norm, post_norm).
+AFTER_NORM = "after a Norm"
 
 
 # ---- the three pieces ----------------------------------------------------------------------------
 
-# Where a vector acts (ScaleVector's folds_into; GPT.vector_sites reads it for folding, decay and
-# export): the weights g multiplies when folded (paper 2.2: W (g * z) = (W diag(g)) z), as ((path of
-# the weight from the vector's holder, side), ...), side "columns", W diag(g) (g on the map's input:
-# g_in, g_final), or "rows", diag(g) W (on its output: DP's g_out); or AFTER_NORM: a Norm stands
-# between g and any linear map, so it cannot fold (DNP's g_out, qk_norm, post_norm).
-AFTER_NORM = "after a Norm"
-
-
 class ScaleVector(nn.Module):
-    """`rows` learnable vectors g of length d, parameterized as REPARAMS[cfg.sv_reparam] says; g = 1
-    at init (paper: "scale vectors initialised to 1"); folds_into: where g acts (above); experts:
-    the number of routed experts its rows are split over (0: none), each token using k of them."""
+    """`rows` learnable vectors g of length d, parameterized as REPARAMS[cfg.sv_reparam] says, g = 1
+    at init (the paper's init); folds_into: where g acts (above); experts: the routed experts its
+    rows are split over (MoE; 0: none)."""
 
     def __init__(self, rows, d, cfg, folds_into, names=None, experts=0):
         super().__init__()
         self.folds_into, self.names, self.rows, self.width = folds_into, names, rows, d
         self.reparam, self.eps, self.experts = cfg.sv_reparam, cfg.norm_eps, experts
-        if folds_into != AFTER_NORM and not (folds_into and all(
-                len(site) == 2 and site[1] in ("columns", "rows") for site in folds_into)):
-            raise ValueError("ScaleVector: folds_into must be AFTER_NORM or ((weight, 'columns' "
-                             f"or 'rows'), ...), not {folds_into!r}")
         for name, (shape, init) in REPARAMS[self.reparam].params.items():
             value = float(init(self.eps) if callable(init) else init)
             raw = torch.full((rows, 1 if shape == "scalar" else d), value)
@@ -260,30 +150,25 @@ class ScaleVector(nn.Module):
 class ScaledLinear(nn.Module):
     """y = g_out * W(g_in * Norm(x)), or g_out * Norm(W(g_in * Norm(x))) under DNP, as PLACEMENTS
     says; the caller passes Norm(x), computed once for all the maps it feeds. The weight has one
-    equal row block per name of `branches` (q, k, v or gate, up; one block if none), times
-    `n_expert` for MoE.
-      g_in:  input side, an Input-Norm vector: one shared row, or one row per block under HG
-             (paper 3.1); own_g_in=False: the caller passes it (MoE's g_ffn, the head's g_final);
+    equal row block per name of `branches` (q, k, v or gate, up; one block if none), stacked
+    `experts` times for an MoE (whose caller names the branches of every expert).
+      g_in:  input side: one shared row, or one row per block under HG (paper 3.1); own_g_in=False:
+             the caller passes it (MoE's g_ffn, the head's g_final);
       g_out: output side, one row per block (paper 3.2); dual=False: none. DP folds it into W's
              rows; DNP applies g_out * Norm(.) per group of outputs: per `head` outputs (q, k, v),
              or per branch (head=0)."""
 
-    def __init__(self, d_in, d_out, cfg, branches=(), head=0, n_expert=0, dual=True, own_g_in=True):
+    def __init__(self, d_in, d_out, cfg, branches=(), head=0, experts=0, dual=True, own_g_in=True):
         super().__init__()
-        lead = (n_expert,) if n_expert else ()
-        self.weight = nn.Parameter(torch.empty(*lead, d_out, d_in))   # GPT._init_weights draws it
-        self.n_expert, self.n_split = n_expert, max(len(branches), 1)
-        self.n_blocks, self.eps = max(n_expert, 1) * self.n_split, cfg.norm_eps
-        names = branches if self.n_split > 1 else None
-        if n_expert and names:   # one row per expert and branch: "3.gate"
-            names = tuple(f"{e}.{n}" for e in range(n_expert) for n in names)
-        sv = cfg.scale_vectors
+        self.weight = nn.Parameter(torch.empty(*(experts,) * bool(experts), d_out, d_in))
+        self.experts, self.n_blocks, self.eps = experts, max(len(branches), 1), cfg.norm_eps
+        self.n_split = self.n_blocks // max(experts, 1)   # row blocks of one expert's weight
+        names, sv = branches or None, cfg.scale_vectors
         rows_in = self.n_blocks if cfg.sv_hetero else 1
         self.g_in = (ScaleVector(rows_in, d_in, cfg, (("weight", "columns"),), names,
-                                 n_expert if cfg.sv_hetero else 0)
+                                 experts if cfg.sv_hetero else 0)
                      if sv and own_g_in else None)
         self.placement = PLACEMENTS[cfg.sv_placement if sv and dual else "pre"]
-        check_placement(cfg.sv_placement, self.placement)
         # DNP's Norm acts on groups of outputs, (blocks, groups per block, group): a head (q, k, v)
         # or a whole branch (gate, up). g_out's row of a block broadcasts over them, shaped
         #   full width (and DP):           (groups, group)  one entry per output
@@ -295,8 +180,7 @@ class ScaledLinear(nn.Module):
         self.g_out_shape = (width // self.group, self.group) if full else (1, width)
         kind = self.placement.g_out
         acts = (("weight", "rows"),) if kind == "folded" else AFTER_NORM
-        self.g_out = (ScaleVector(self.n_blocks, width, cfg, acts, names, n_expert)
-                      if kind else None)
+        self.g_out = ScaleVector(self.n_blocks, width, cfg, acts, names, experts) if kind else None
 
     def effective_weight(self, g_in=None):
         """W * (g_out g_in^T): g_in in W's columns (paper 2.2; HG, 3.1: a row per branch), g_out in
@@ -339,7 +223,7 @@ class OutputNorm(nn.Module):
         return F.rms_norm(x, (x.size(-1),), g, self.eps)
 
 
-# ---- attention, SwiGLU -------------------------------------------------------------------------
+# ---- attention, SwiGLU, the block ---------------------------------------------------------------
 
 def rope_table(cfg, T, device, dtype):
     """e^(i t theta_j) for position t < T and pair j of a head, shaped to broadcast over
@@ -400,8 +284,6 @@ class SwiGLU(nn.Module):
         return self.down(swiglu(self.gate_up(xn, g_in)))
 
 
-# ---- the model -----------------------------------------------------------------------------------
-
 class Block(nn.Module):
     def __init__(self, cfg, moe=False):
         super().__init__()
@@ -413,8 +295,9 @@ class Block(nn.Module):
             self.attn_post, self.mlp_post = OutputNorm(cfg.n_embd, cfg), OutputNorm(cfg.n_embd, cfg)
 
     def forward(self, x, rope):
-        # Pre-Norm: x + Branch(g * Norm(x)); Norm(x) is computed once, g lives in the branch's
-        # weights
+        # paper 2.1, Pre-Norm: x + attn(g_attn * Norm(x)), then x + mlp(g_ffn * Norm(x)). g_attn is
+        # attn.qkv.g_in, g_ffn mlp.gate_up.g_in: each map computes W diag(g) Norm(x) (ScaledLinear),
+        # so Norm(x) is computed once for q, k and v
         h = self.attn(norm(x, self.eps), rope)
         x = x + (self.attn_post(h) if self.post_norm else h)
         h = self.mlp(norm(x, self.eps))
@@ -427,6 +310,8 @@ class Block(nn.Module):
 # 0.02
 RESIDUAL_WRITERS = ("attn.proj.weight", ".down.weight", "mlp.down")
 
+
+# ---- the model -----------------------------------------------------------------------------------
 
 class GPT(nn.Module):
     def __init__(self, config):
@@ -491,6 +376,10 @@ class GPT(nn.Module):
         sites = {}
         for name, sv in self.named_modules():
             if isinstance(sv, ScaleVector):
+                if sv.folds_into != AFTER_NORM and not (sv.folds_into and all(
+                        len(s) == 2 and s[1] in ("columns", "rows") for s in sv.folds_into)):
+                    raise ValueError(f"{name}: folds_into must be AFTER_NORM or ((weight, "
+                                     f"'columns' or 'rows'), ...), not {sv.folds_into!r}")
                 holder = name.rpartition(".")[0]
                 sites[name] = () if sv.folds_into == AFTER_NORM else tuple(
                     (".".join(filter(None, (holder, w))), side) for w, side in sv.folds_into or ())
@@ -628,7 +517,7 @@ class GPT(nn.Module):
         for m in self.modules():
             if isinstance(m, MoE):
                 routed += m.down.numel()
-            if isinstance(m, ScaledLinear) and m.n_expert or isinstance(m, ScaleVector) and \
+            if isinstance(m, ScaledLinear) and m.experts or isinstance(m, ScaleVector) and \
                     m.experts:
                 routed += sum(p.numel() for p in m.parameters(recurse=False))
         skipped = routed * (c.n_experts - c.n_experts_active) // max(c.n_experts, 1)
@@ -682,19 +571,110 @@ DECAY_POLICIES = {
 }
 
 
+# ---- the config and its checks ------------------------------------------------------------------
+
+class VectorFlag(NamedTuple):
+    values: object            # the values it takes: a tuple, or the table whose keys they are
+    adds_norm: bool = False   # it adds a Norm too, which stays (parameter-free) without vectors
+    moe_only: bool = False    # it acts in the MoE FFN only: a dense model refuses it
+
+
+# The GPTConfig flags that put or shape scale vectors: GPTConfig refuses all but their default under
+# scale_vectors=False, fold_scale_vectors resets them, the generic tests build their models from
+# them. A new location is one entry.
+VECTOR_FLAGS = dict(sv_hetero=VectorFlag((False, True)), sv_placement=VectorFlag(PLACEMENTS),
+                    sv_reparam=VectorFlag(REPARAMS), sv_dnp_width=VectorFlag(DNP_WIDTHS),
+                    qk_norm=VectorFlag((False, True), adds_norm=True),
+                    post_norm=VectorFlag((False, True), adds_norm=True))
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024       # the context: tokens per sequence
+    vocab_size: int = 50257      # the tokenizer's; the embedding is padded to vocab_pad
+    vocab_pad: int = 64          # rows rounded up for fast matmuls; padded ids are never sampled
+    n_layer: int = 12            # blocks
+    n_head: int = 12             # attention heads
+    n_embd: int = 768            # the width of the residual stream
+    mlp_hidden: int = 0          # 0: 8/3 * n_embd rounded up to a multiple of 32 (Llama: as
+                                 # many weights as a 4x GELU MLP)
+    tie_embeddings: bool = True  # the head is the embedding (its g_final folds into it untied)
+    rope_theta: float = 10000.0  # RoPE's base
+    norm_eps: float = 1e-6       # the eps of every Norm, OR's too
+    # scale vectors: one flag per variant (DESIGN.md)
+    scale_vectors: bool = True   # False: every norm is parameter-free (paper Fig. 1 ablation)
+    sv_hetero: bool = False      # HG, paper 3.1: one g_in per branch (q, k, v; gate, up)
+    sv_placement: str = "pre"    # DP, DNP: vectors on both sides of the maps (paper 3.2)
+    sv_reparam: str = "none"     # OR, ER: g as a magnitude times a direction (paper 3.3)
+    sv_dnp_width: str = "full"   # DNP's g_out: the map's width, or a head's ("head")
+    qk_norm: bool = False        # g_q * Norm(q), g_k * Norm(k) per head (Output-Norm)
+    post_norm: bool = False      # x + g_post * Norm(branch) (Output-Norm)
+    # Mixture-of-Experts FFN in place of the dense SwiGLU (class MoE); n_experts=0: dense
+    n_experts: int = 0           # routed experts per MoE layer
+    n_experts_active: int = 2    # top-k routed experts per token
+    n_shared_experts: int = 0    # experts every token goes through
+    moe_hidden: int = 0          # each expert's SwiGLU width; 0: hidden / (k + shared), rounded
+                                 # up to 32 (the dense FFN's active size)
+    moe_dense_layers: int = 0    # the first N layers keep the dense SwiGLU (1: "all but the first")
+    moe_bias_rate: float = 1e-3  # DeepSeek-V3's balancing: the expert bias's step (0: none)
+
+    def __post_init__(self):
+        check_config(self)
+
+    @property
+    def hidden(self):
+        return self.mlp_hidden or 32 * math.ceil(8 * self.n_embd / 3 / 32)
+
+    @property
+    def expert_hidden(self):
+        active = self.n_experts_active + self.n_shared_experts
+        return self.moe_hidden or 32 * math.ceil(self.hidden / active / 32)
+
+    @property
+    def padded_vocab(self):
+        return self.vocab_pad * math.ceil(self.vocab_size / self.vocab_pad)
+
+
+def check_config(c):
+    """Every value and combination a GPT cannot build, or where a flag would do nothing, as a
+    ValueError of one sentence (train.py checks each key's range before: config/defaults.py)."""
+    def check(ok, msg):
+        if not ok:
+            raise ValueError(f"GPTConfig: {msg}")
+    for flag, table in (("sv_placement", PLACEMENTS), ("sv_reparam", REPARAMS),
+                        ("sv_dnp_width", DNP_WIDTHS)):
+        value = getattr(c, flag)
+        check(value in table, f"{flag} must be one of {', '.join(map(repr, table))}, not {value!r}")
+    p = PLACEMENTS[c.sv_placement]   # paper 2.2: a vector after a Norm cannot fold, one after W can
+    check(p.g_out in (None, "folded", "after_norm")
+          and (p.g_out == "after_norm") == (p.norm and p.g_out is not None),
+          f"PLACEMENTS[{c.sv_placement!r}] = {p} is not built by ScaledLinear: g_out is None, "
+          "'folded' (no Norm after the map) or 'after_norm' (norm=True)")
+    check(c.sv_dnp_width == "full" or p.g_out == "after_norm",
+          f"sv_dnp_width={c.sv_dnp_width!r} sets the width of DNP's g_out, which "
+          f"sv_placement={c.sv_placement!r} does not have: it needs sv_placement='dnp'")
+    for flag, spec in VECTOR_FLAGS.items():
+        value, default = getattr(c, flag), next(f.default for f in fields(c) if f.name == flag)
+        check(c.scale_vectors or spec.adds_norm or value == default,
+              f"{flag}={value!r} needs scale_vectors=True (there is no vector to vary)")
+        check(c.n_experts or not spec.moe_only or value == default,
+              f"{flag}={value!r} acts in the MoE FFN only: it needs n_experts > 0")
+    check(not (c.qk_norm and p.norm), f"qk_norm=True with sv_placement={c.sv_placement!r} is "
+          "redundant: DNP already puts a norm and a vector on q and k")
+    check(c.n_embd % c.n_head == 0 and (c.n_embd // c.n_head) % 2 == 0,
+          "n_embd must be a multiple of n_head with an even head size (RoPE rotates pairs)")
+    check(c.n_experts >= 0, f"n_experts must be >= 0 (0: dense), not {c.n_experts}")
+    if c.n_experts:
+        check(1 <= c.n_experts_active <= c.n_experts, f"n_experts_active must be between 1 and "
+              f"n_experts={c.n_experts}, not {c.n_experts_active}")
+        check(c.n_shared_experts >= 0, f"n_shared_experts must be >= 0, not {c.n_shared_experts}")
+        check(c.moe_hidden >= 0, f"moe_hidden must be >= 0 (0: automatic), not {c.moe_hidden}")
+        check(0 <= c.moe_dense_layers < c.n_layer, f"moe_dense_layers must be between 0 and "
+              f"n_layer-1={c.n_layer - 1} (some layer must be MoE), not {c.moe_dense_layers}")
+        check(c.moe_bias_rate >= 0, f"moe_bias_rate must be >= 0, not {c.moe_bias_rate}")
+
+
 # ---- Mixture of Experts (optional: n_experts > 0) ------------------------------------------------
-
-def check_moe(c):
-    check(1 <= c.n_experts_active <= c.n_experts,
-          f"n_experts_active must be between 1 and n_experts={c.n_experts}, "
-          f"not {c.n_experts_active}")
-    check(c.n_shared_experts >= 0, f"n_shared_experts must be >= 0, not {c.n_shared_experts}")
-    check(c.moe_hidden >= 0, f"moe_hidden must be >= 0 (0: automatic), not {c.moe_hidden}")
-    check(0 <= c.moe_dense_layers < c.n_layer,
-          f"moe_dense_layers must be between 0 and n_layer-1={c.n_layer - 1} "
-          f"(some layer must be MoE), not {c.moe_dense_layers}")
-    check(c.moe_bias_rate >= 0, f"moe_bias_rate must be >= 0, not {c.moe_bias_rate}")
-
 
 class MoE(nn.Module):
     """Mixture-of-Experts FFN: each token goes through the top-k of E routed SwiGLU experts,
@@ -714,7 +694,8 @@ class MoE(nn.Module):
         self.g_in = (ScaleVector(1, d, cfg, tuple((f"{m}.weight", "columns") for m in maps))
                      if cfg.scale_vectors and not hg else None)
         self.router = ScaledLinear(d, E, cfg, dual=False, own_g_in=hg)
-        self.experts = ScaledLinear(d, 2 * h, cfg, branches=("gate", "up"), n_expert=E, own_g_in=hg)
+        per_expert = tuple(f"{e}.{b}" for e in range(E) for b in ("gate", "up"))   # "3.gate"
+        self.experts = ScaledLinear(d, 2 * h, cfg, branches=per_expert, experts=E, own_g_in=hg)
         # (E, d, h); writes into the residual stream (GPT._init_weights)
         self.down = nn.Parameter(torch.empty(E, d, h))
         shared = cfg.n_shared_experts
@@ -802,22 +783,3 @@ class MoE(nn.Module):
         update_bias; cv 0 is a perfect balance."""
         load = self.last_load
         return {"load": load.tolist(), "cv": (load.std(unbiased=False) / load.mean()).item()}
-
-
-# Peak dense bf16 FLOP/s (no sparsity) of common GPUs, for MFU. Their TF32 peak, which float32 runs
-# get (train.py allows TF32 matmuls), is half of it on every GPU of the table (Ampere, Ada, Hopper).
-GPU_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "A10G": 125e12, "L4": 121e12,
-                  "4090": 165e12}
-
-
-def peak_flops(device, dtype=torch.bfloat16):
-    """Peak FLOP/s of `device` for matmuls in `dtype` (bf16/fp16, or fp32 through TF32), for MFU;
-    None where it is not known: a CPU (its peak depends on the cores free and the instructions
-    used), a GPU not in the table, or float64."""
-    if device.type != "cuda" or dtype == torch.float64:
-        return None
-    name = torch.cuda.get_device_name(device)
-    peak = next((v for k, v in GPU_PEAK_FLOPS.items() if k in name), None)
-    if peak is None or dtype in (torch.bfloat16, torch.float16):
-        return peak
-    return peak / 2

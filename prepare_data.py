@@ -1,6 +1,6 @@
 """
 Turn text into token files for training: data/<name>/{train.bin, val.bin, meta.json}, under the
-working directory (where train.py looks: dataset.dataset_dir).
+working directory (where train.py looks: dataset.dataset_dir), with tokenizer.py's tokenizers.
 train.bin and val.bin are raw numpy uint16 token ids (as in nanoGPT); meta.json is written
 last and marks the set complete. A re-run with the same source and settings does nothing.
 
@@ -35,7 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dataset import BYTE_EOT, BYTE_VOCAB, EOT, ROOT, dataset_dir, get_tokenizer, gpt2_encoding
+from dataset import dataset_dir
+from tokenizer import BYTE_EOT, BYTE_VOCAB, EOT, ROOT, get_tokenizer, gpt2_encoding
 
 SHAKESPEARE = ROOT / "data/raw/tinyshakespeare.txt"
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"

@@ -18,9 +18,10 @@ import torch
 
 import checkpoint
 import telemetry
-from configurator import (ConfigError, at_least, check_device, configure, default_device,
-                          device_name, folder, key_comments)
-from dataset import decode_stream, get_tokenizer, meta_problem
+from config.defaults import at_least, device_name, folder, pick_device
+from configurator import configure, key_comments
+from dataset import meta_problem
+from tokenizer import decode_stream, get_tokenizer
 
 out_dir = "out"         # the run to sample from: its newest complete checkpoint
 start = "\n"            # the prompt, or FILE:path to read it from a file
@@ -34,25 +35,19 @@ device = ""             # "" picks cuda, then mps, then cpu
 RULES = {"out_dir": folder, "num_samples": at_least(1), "max_new_tokens": at_least(1),
          "temperature": at_least(0), "top_k": at_least(0), "device": device_name}
 
-try:
-    globals().update(configure({k: v for k, v in globals().items()
-                                if not k.startswith("_") and isinstance(v, (int, float, str))},
-                               sys.argv[1:], RULES, usage=__doc__,
-                               comments=lambda: key_comments(__file__)))
-    check_device(device)
-except ConfigError as e:
-    sys.exit(f"error: {e}")
-device = device or default_device()
-try:
-    path, ckpt, model = checkpoint.load_model(out_dir)
-except checkpoint.CheckpointError as e:
-    sys.exit(f"error: {e}")
+globals().update(configure({k: v for k, v in globals().items()
+                            if not k.startswith("_") and isinstance(v, (int, float, str))},
+                           sys.argv[1:], RULES, usage=__doc__,
+                           comments=lambda: key_comments(__file__)))
+device = pick_device(device)
+path, ckpt, model = checkpoint.load_model(out_dir)   # a bad one: its one sentence
 model.eval().to(device)
 meta = ckpt["vocab"]   # the run's own (dataset.vocabulary), not today's meta.json
 if meta_problem(meta) or meta["vocab_size"] != ckpt["model_args"].get("vocab_size"):
     sys.exit(f"error: {path} records a vocabulary that is not its model's (corrupt or edited): "
              "sample from another checkpoint")
 encode, decode = get_tokenizer(meta)
+
 
 if start.startswith("FILE:"):   # at most what the model can see: a prompt of block_size tokens
     prompt, limit = start[5:], 128 * model.config.block_size   # bytes; no token is over 128

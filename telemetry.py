@@ -141,7 +141,7 @@ class RunLog:
         path, self.out_dir, self.wandb = os.path.join(out_dir, "metrics.jsonl"), out_dir, None
         if resume_at is not None:
             trim_metrics(path, resume_at)
-        self.file = checkpoint.own_file(path, "a")
+        self.file = open(path, "a")
         if wandb:
             import wandb as wb
             self.wandb = wb.init(resume="allow", dir=out_dir, **wandb)
@@ -153,9 +153,9 @@ class RunLog:
             self.file.flush()
             if durable:
                 os.fsync(self.file.fileno())
-        except OSError as e:
-            raise SystemExit(f"error: {checkpoint.write_error(self.file.name, e, self.out_dir)}"
-                             ) from None
+        except OSError as e:   # a full disk: what the last checkpoint is
+            raise checkpoint.CheckpointError(f"cannot write {self.file.name} ({e.strerror}); "
+                                             f"{checkpoint.last_good(self.out_dir)}") from None
         if self.wandb and record:
             self.wandb.log({f"{record['kind']}/{k}": v for k, v in scalars(record).items()},
                            step=record["iter"])
@@ -184,7 +184,8 @@ def read_metrics(path):
 def trim_metrics(path, iter_num):
     """On resume, drop what was logged after the checkpoint and any torn line (atomically)."""
     records, torn = read_metrics(path) if os.path.exists(path) else ([], 0)
-    kept = [r for r in records if isinstance(r, dict) and r.get("iter", 0) <= iter_num]
+    kept = [r for r in records if isinstance(r, dict) and isinstance(r.get("iter"), (int, float))
+            and r["iter"] <= iter_num]
     if torn:
         print(f"note: dropped {torn} line(s) of {path} that did not parse (a write cut short)")
     if len(kept) < len(records) + torn:
@@ -208,3 +209,22 @@ def describe(path, state):
         return f"{path} (iteration {it}, val loss {last['val_loss']:.4f}, best {best:.4f})"
     return (f"{path} (iteration {it}, saved between evaluations: none since step {last['iter']}'s, "
             f"val loss {last['val_loss']:.4f})")
+
+
+# Peak dense bf16 FLOP/s (no sparsity) of common GPUs, for MFU. Their TF32 peak, which float32 runs
+# get (train.py allows TF32 matmuls), is half of it on every GPU of the table (Ampere, Ada, Hopper).
+GPU_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "A10G": 125e12, "L4": 121e12,
+                  "4090": 165e12}
+
+
+def peak_flops(device, dtype=torch.bfloat16):
+    """Peak FLOP/s of `device` for matmuls in `dtype` (bf16/fp16, or fp32 through TF32), for MFU;
+    None where it is not known: a CPU (its peak depends on the cores free and the instructions
+    used), a GPU not in the table, or float64."""
+    if device.type != "cuda" or dtype == torch.float64:
+        return None
+    name = torch.cuda.get_device_name(device)
+    peak = next((v for k, v in GPU_PEAK_FLOPS.items() if k in name), None)
+    if peak is None or dtype in (torch.bfloat16, torch.float16):
+        return peak
+    return peak / 2

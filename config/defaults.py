@@ -9,13 +9,13 @@ Every module-level value up to DEFAULTS is a key; the model's keys are the field
 model.GPTConfig.
 """
 import functools
+import importlib.util
 import math
 import os
+import re
 from dataclasses import fields
 
-from configurator import (above, at_least, boolean, configure, device_name, folder, fraction,
-                          key_comments, key_of, one_of)
-from dataset import DATASET
+from configurator import ConfigError, configure, key_comments
 from model import DECAY_POLICIES, DNP_WIDTHS, PLACEMENTS, REPARAMS, GPTConfig
 
 # ---- I/O ----
@@ -26,7 +26,6 @@ log_interval = 10          # print and log the training loss every N steps
 init_from = "scratch"      # "resume": the newest complete checkpoint in out_dir
 overwrite = False          # scratch into an out_dir that holds a run: True deletes its checkpoints
                            # and metrics
-resume_fallback = False    # on resume, skip a corrupt newest checkpoint for the one before it
 keep_checkpoints = 3       # the newest N checkpoints stay, older ones are deleted
 final_eval = True          # at the end: the loss on the whole val split and on as many train tokens
 wandb_log = False          # also log to Weights & Biases (pip install wandb), rank 0 only
@@ -70,12 +69,56 @@ dtype = ""                 # "bfloat16" (autocast), "float32" or "float64" (a re
                            # picks bfloat16 on CUDA, float32 elsewhere
 compile = False            # torch.compile the model
 seed = 1337                # fixes the initialization and the order of training batches
-mfu_peak_flops = 0.0       # FLOP/s that MFU divides by; 0: model.GPU_PEAK_FLOPS for a GPU in it,
+mfu_peak_flops = 0.0       # FLOP/s that MFU divides by; 0: telemetry.GPU_PEAK_FLOPS's for a GPU,
                            # else no MFU is printed
 
 # {key: default}: every name above (not the imports)
 DEFAULTS = {k: v for k, v in globals().items()
             if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))}
+
+
+# ---- the kinds of rule: (predicate, the allowed values in words); numbers must be finite -------
+
+def at_least(lo):
+    return (lambda v: math.isfinite(v) and v >= lo, f">= {lo}")
+
+
+def above(lo):
+    return (lambda v: math.isfinite(v) and v > lo, f"> {lo}")
+
+
+def fraction(hi_open=True):
+    return (lambda v: 0 <= v < 1 if hi_open else 0 <= v <= 1, f"in [0, 1{')' if hi_open else ']'}")
+
+
+def one_of(*values):
+    return (lambda v: v in values, "one of " + ", ".join(map(repr, values)))
+
+
+def key_of(table, name):
+    """A key of one of model.py's tables, read when checked: a fork's new entry is allowed."""
+    class Keys:
+        def __str__(self):
+            return f"one of {', '.join(map(repr, table))} (model.{name})"
+    return (lambda v: v in table, Keys())
+
+
+boolean = (lambda v: isinstance(v, bool), "True or False")
+folder = (lambda v: v.strip() != "", "a folder name")
+device_name = (lambda v: re.fullmatch(r"(cpu|cuda(:\d+)?|mps)?", v) is not None,
+               "'' (pick one), 'cpu', 'cuda', 'cuda:N' or 'mps'")
+
+
+def pick_device(name):
+    """The device to run on: `name` ('' picks cuda, then mps, then cpu), if this machine has it."""
+    import torch
+    has = {"cuda": torch.cuda.device_count(), "mps": int(torch.backends.mps.is_available()),
+           "cpu": 1}
+    kind, _, index = name.partition(":")
+    if name and has[kind] <= int(index or 0):
+        raise ConfigError(f"device={name!r}, but this machine has {has[kind]} {kind.upper()} "
+                          "device(s) torch can use: use --device=cpu (or leave it empty)")
+    return name or next(k for k in has if has[k])
 
 
 # ---- the values each key allows: (predicate, the allowed range in words) ------------------------
@@ -84,8 +127,7 @@ TRAIN_RULES = {
     "init_from": one_of("scratch", "resume"),
     "eval_interval": at_least(1), "eval_iters": at_least(1),
     "log_interval": at_least(1), "keep_checkpoints": at_least(1),
-    "dataset": (lambda v: DATASET.fullmatch(v) is not None,
-                "one folder name under data/ (letters, digits, _ . -)"),
+    "dataset": (lambda v: re.fullmatch(r"\w[\w.-]*", v) is not None, "a folder name under data/"),
     "batch_size": at_least(1), "gradient_accumulation_steps": at_least(1),
     "block_size": at_least(1), "vocab_pad": at_least(1),
     "n_layer": at_least(1), "n_head": at_least(1), "n_embd": at_least(1),
@@ -103,7 +145,7 @@ TRAIN_RULES = {
     "wsd_decay_frac": fraction(hi_open=False), "wsd_shape": one_of("linear", "1-sqrt"),
     "device": device_name,
     "dtype": one_of("", "float32", "bfloat16", "float64"), "mfu_peak_flops": at_least(0),
-    "overwrite": boolean, "resume_fallback": boolean, "compile": boolean,
+    "overwrite": boolean, "compile": boolean,
     "cpu_threads": at_least(0),
     "seed": (lambda v: 0 <= v < 2**63, "in [0, 2**63)"),   # numpy takes no negative seed
     # the model's keys (model.GPTConfig's fields); GPTConfig also checks how they combine
@@ -125,6 +167,8 @@ def decays_vectors(c):
 
 # rules on several keys at once: (ok(config), why(config) in one sentence)
 PAIR_RULES = [
+    (lambda c: not c["wandb_log"] or importlib.util.find_spec("wandb"),
+     lambda c: "wandb_log=True needs the wandb package: pip install wandb"),
     # AdamW decays each raw parameter toward 0; ER's g = exp(beta + alpha - mean(alpha)) is then 1
     (lambda c: c["sv_reparam"] != "er" or not decays_vectors(c),
      lambda c: f"sv_reparam='er' with sv_weight_decay={c['sv_weight_decay']!r}: decaying ER's raw "

@@ -36,7 +36,7 @@ if str(ROOT) not in sys.path:   # the core, for `python study/walkthrough.py` an
     sys.path.insert(0, str(ROOT))
 
 import checkpoint  # noqa: E402
-from dataset import TokenFile, dataset_dir, load_meta  # noqa: E402
+from dataset import dataset_dir, load_meta, read_rows, token_file  # noqa: E402
 import telemetry  # noqa: E402
 from config.variants import VARIANTS  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
@@ -93,11 +93,11 @@ meta = load_meta(data)   # a dataset not prepared: one sentence naming the comma
 
 
 def split(name, block_size):
-    return TokenFile(data / f"{name}.bin", block_size, meta["vocab_size"])
+    return token_file(data, name, block_size, meta["vocab_size"])
 
 
-def rows(tokens, starts):
-    r = torch.from_numpy(tokens.rows(starts).astype(np.int64))
+def rows(tokens, starts, block_size):
+    r = torch.from_numpy(read_rows(tokens, starts, block_size + 1, meta["vocab_size"]))
     return r[:, :-1], r[:, 1:]
 
 
@@ -105,7 +105,7 @@ def val_batches(block_size, n=10):
     """n batches at fixed, evenly spaced offsets of the val split: the same for both models."""
     val = split("val", block_size)
     starts = np.linspace(0, len(val) - block_size - 1, n * args.batch_size).astype(np.int64)
-    return [rows(val, s) for s in starts.reshape(n, args.batch_size)]
+    return [rows(val, s, block_size) for s in starts.reshape(n, args.batch_size)]
 
 
 @torch.no_grad()
@@ -136,7 +136,7 @@ def train(name):
             group["lr"] = group["base_lr"] * factor
         rng = np.random.default_rng([args.seed, it])
         x, y = rows(train_split, rng.integers(0, len(train_split) - SIZE["block_size"] - 1,
-                                              size=args.batch_size))
+                                              size=args.batch_size), SIZE["block_size"])
         _, loss = model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -152,10 +152,7 @@ def train(name):
 
 def load(run_dir):
     """A train.py run: its newest checkpoint, and its logged training losses by step."""
-    try:
-        _, state, model = checkpoint.load_model(run_dir)
-    except checkpoint.CheckpointError as e:
-        sys.exit(f"error: {e}")
+    _, state, model = checkpoint.load_model(run_dir)   # a bad one: its one sentence
     if state["config"].get("dataset") != args.dataset:
         sys.exit(f"error: {run_dir} was trained on data/{state['config'].get('dataset')}: pass "
                  f"--dataset={state['config'].get('dataset')}")

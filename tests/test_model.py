@@ -59,13 +59,13 @@ def test_parameter_counts_closed_formulas_dense_and_moe_and_the_flops(monkeypatc
     assert GPTConfig(n_embd=768, n_experts=8, n_experts_active=2,
                      n_shared_experts=1).expert_hidden == 704   # 2048 / 3
     # the peak for MFU: fp32 runs use TF32 (half the bf16 figure); a CPU or an unknown GPU has none
-    assert model_py.peak_flops(torch.device("cpu")) is None
+    assert telemetry.peak_flops(torch.device("cpu")) is None
     gpu = torch.device("cuda")
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
-    assert (model_py.peak_flops(gpu, torch.bfloat16) == 989e12
-            and model_py.peak_flops(gpu, torch.float32) == 989e12 / 2)
+    assert (telemetry.peak_flops(gpu, torch.bfloat16) == 989e12
+            and telemetry.peak_flops(gpu, torch.float32) == 989e12 / 2)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA Z9000")
-    assert model_py.peak_flops(gpu, torch.bfloat16) is None
+    assert telemetry.peak_flops(gpu, torch.bfloat16) is None
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
@@ -322,12 +322,14 @@ def test_a_first_adamw_step_preconditions_the_folded_map_by_g_and_sgd_by_g_squar
 
 
 def test_the_first_reading_is_contiguous():
-    """Issue 30: model.py's first reading (named by content) ends with GPT.forward; MoE after."""
+    """model.py's first reading (named by content) ends with GPT.forward: the tables and the
+    modules; the config's checks and the MoE after."""
     lines, start = inspect.getsourcelines(model_py.GPT.forward)
     end = start + len(lines) - 1
-    first = (model_py.GPTConfig, model_py.ScaleVector, model_py.ScaledLinear, model_py.OutputNorm,
+    first = (model_py.ScaleVector, model_py.ScaledLinear, model_py.OutputNorm,
              model_py.Attention, model_py.SwiGLU, model_py.Block)
-    later = (model_py.GPT.param_groups, model_py.GPT.fold_scale_vectors, model_py.MoE)
+    later = (model_py.GPT.param_groups, model_py.GPT.fold_scale_vectors, model_py.GPTConfig,
+             model_py.check_config, model_py.MoE)
     assert all(inspect.getsourcelines(o)[1] < end for o in first)
     assert all(inspect.getsourcelines(o)[1] > end for o in later)
     assert "to the end of GPT.forward" in " ".join(model_py.__doc__.split())

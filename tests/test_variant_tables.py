@@ -406,7 +406,7 @@ def register_the_toy_location(monkeypatch, **toy):
     """Steps 1-4 of the README's "new location", at run time (step 5 is a config file); `toy`
     overrides HeadGateAttention's DECLARED or INIT."""
     monkeypatch.setattr(model_py, "GPTConfig", HeadGateConfig)
-    monkeypatch.setitem(config_defaults.TRAIN_RULES, "sv_headgate", configurator.boolean)   # step 2
+    monkeypatch.setitem(config_defaults.TRAIN_RULES, "sv_headgate", config_defaults.boolean)
     monkeypatch.setitem(model_py.VECTOR_FLAGS, "sv_headgate", model_py.VectorFlag((False, True)))
     monkeypatch.setattr(model_py, "Attention", type("Toy", (HeadGateAttention,), toy))
 
@@ -446,14 +446,14 @@ def test_the_readme_checklist_on_toy_entries(monkeypatch):
     (dict(DECLARED=(("qkv.weight", "columns"),)), r"does not fold where it declares")],
     ids=["init_tenth", "declared_after_norm", "folded_elsewhere"])
 def test_a_wrong_toy_location_fails_the_generic_checks(monkeypatch, toy, fails):
-    """Each of the three silent mistakes of issue 32, made on the toy location, fails a generic
+    """Each of three silent mistakes a fork can make, made on the toy location, fails a generic
     check with a message naming the vector."""
     register_the_toy_location(monkeypatch, **toy)
     with pytest.raises(AssertionError, match=r"blocks\.\d\.attn\.gate.* " + fails):
         check_all("none", "pre")
 
 
-BUILT = r"^ScaleVector: folds_into must be AFTER_NORM or"   # refused when the vector is built
+BUILT = r"^blocks\.0\.attn\.gate: folds_into must be AFTER_NORM or"   # refused when it is read
 
 
 @pytest.mark.parametrize("declared, refused", [

@@ -38,11 +38,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from config.defaults import DEFAULTS, TRAIN_RULES, help_comments
-from configurator import (ConfigError, at_least, boolean, check_device, configure, default_device,
-                          keep_freed_memory, one_of)
+from config.defaults import (DEFAULTS, TRAIN_RULES, at_least, boolean, help_comments, one_of,
+                             pick_device)
+from configurator import ConfigError, configure
 from dataset import load_meta
-from model import GPT, GPTConfig, peak_flops
+from model import GPT, GPTConfig
+from telemetry import peak_flops
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 # a compared configuration runs as `python -m tools.bench` in the caller's folder (its data/)
@@ -173,14 +174,12 @@ def model_config(cfg, argv=()):
 
 def build(cfg):
     """The configured model and a function that runs one training step on it (synchronized)."""
-    device = cfg["device"] or default_device()
+    device = pick_device(cfg["device"])
     dtype = cfg["dtype"] or ("bfloat16" if device.startswith("cuda") else "float32")
     gcfg = model_config(cfg)
     vocab = gcfg.vocab_size
-    if device == "cpu":   # as train.py
-        if cfg["cpu_threads"]:
-            torch.set_num_threads(cfg["cpu_threads"])
-        keep_freed_memory()
+    if device == "cpu" and cfg["cpu_threads"]:   # as train.py
+        torch.set_num_threads(cfg["cpu_threads"])
     torch.manual_seed(0)
     model = (GPT2(gcfg) if cfg["arch"] == "gpt2" else GPT(gcfg)).to(device)
     if dtype == "float64":   # as train.py: a reference run
@@ -337,18 +336,17 @@ def check(argv):
     for name, args in (compared_runs(argv, cfg) if cfg["compare"] else {"base": argv}).items():
         try:
             c = configure(defaults, args, BENCH_RULES)
-            check_device(c["device"])
+            pick_device(c["device"])
             model_config(c, args)
         except ConfigError as e:
-            raise ConfigError(e if name == "base" else f"--compare item {name!r}: {e}") from None
+            if name == "base":
+                raise
+            raise ConfigError(f"--compare item {name!r}: {str(e)[7:]}") from None   # "error: "
     return cfg
 
 
 def main(argv):
-    try:
-        cfg = check(argv)
-    except ConfigError as e:
-        sys.exit(f"error: {e}")
+    cfg = check(argv)   # a bad key or value: ConfigError, its one sentence
     if cfg["compare"]:
         (interleave if cfg["interleave"] else compare)(compared_runs(argv, cfg), cfg)
     else:

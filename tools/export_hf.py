@@ -45,10 +45,11 @@ from dataclasses import replace
 import torch
 
 import checkpoint
-from configurator import ConfigError, boolean, configure, folder, key_comments
+from config.defaults import boolean, folder
+from configurator import ConfigError, configure, key_comments
 from model import GPT, PLACEMENTS
 # gpt2_encoding checks the vendored file's sha256
-from dataset import EOT, gpt2_encoding
+from tokenizer import EOT, gpt2_encoding
 
 out_dir = "out"   # the run: its newest complete checkpoint is exported
 to = ""           # the folder to write: new, empty or an earlier export (replaced whole)
@@ -402,7 +403,7 @@ def main(argv):
         except ImportError:
             raise ConfigError("export_hf.py writes model.safetensors and needs safetensors: pip "
                               "install safetensors (it is in requirements-test.txt)") from None
-    except (ConfigError, checkpoint.CheckpointError, ExportError) as e:
+    except ExportError as e:   # ConfigError, CheckpointError: SystemExits of their own sentence
         sys.exit(f"error: {e}")
     tok = ckpt["vocab"].get("tokenizer")   # what the run's data was prepared with, as recorded
     if tok == "gpt2" and model.config.vocab_size != GPT2_VOCAB:

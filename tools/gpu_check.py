@@ -42,7 +42,8 @@ import warnings
 
 from telemetry import read_metrics
 from config.defaults import train_config
-from configurator import ConfigError, check_device, configure, one_of
+from config.defaults import one_of, pick_device
+from configurator import ConfigError, configure
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 
@@ -372,10 +373,10 @@ def main(argv):
     import torch
     try:
         device = configure({"device": ""}, argv, {"device": one_of("", "cpu", "cuda")},
-                           usage=__doc__, comments=KEY_HELP)["device"]
-        check_device(device)
-    except ConfigError as e:
-        return f"error: {e}"
+                           usage=__doc__, comments=lambda: KEY_HELP)["device"]
+        pick_device(device)
+    except ConfigError as e:   # returned: main's caller exits with it
+        return e.code
     if device == "" and not torch.cuda.is_available():
         print(f"gpu_check: no CUDA device here (torch {torch.__version__}): nothing to check; "
               "run it on a machine with a GPU, or rehearse it with --device=cpu")

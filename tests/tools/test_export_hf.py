@@ -11,7 +11,8 @@ import torch
 
 import checkpoint
 import model as model_py
-from dataset import gpt2_encoding, vocabulary
+from dataset import vocabulary
+from tokenizer import gpt2_encoding
 from helpers import (VARIANTS, entries, llama_forward, make, models,
                      randomize_scale_vectors, tokens, vectors)
 from tools import export_hf
@@ -47,7 +48,7 @@ def write_run(tokenizer="char", **flags):
     chars = "".join(map(chr, range(33, 33 + cfg.vocab_size)))   # for a char-level vocabulary
     vocab = vocabulary(dict(tokenizer=tokenizer, vocab_size=cfg.vocab_size, chars=chars))
     checkpoint.save("out", dict(model=model.state_dict(), optimizers=[], config={}, vocab=vocab,
-                                model_args=vars(cfg), iter_num=7, best_val_loss=1.0), 7)
+                                model_args=vars(cfg), iter_num=7, best_val_loss=1.0))
     return model
 
 
