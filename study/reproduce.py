@@ -672,6 +672,18 @@ def conflicts(jobs):
     return out
 
 
+def refuse_file(out):
+    """A results folder that is a file (or in one) is one sentence before anything runs, not a
+    traceback once the first record is written."""
+    path = out
+    while path and not os.path.exists(path):   # the part of it that exists
+        path = os.path.dirname(path)
+    if path and not os.path.isdir(path):
+        where = "a file" if path == out else f"in the file {path}"
+        raise SystemExit(f"error: the results folder {out} is {where}: move it away or pass "
+                         "another --results_dir")
+
+
 def refuse_other_settings(out, jobs):
     clash = conflicts(jobs)
     if clash:
@@ -809,6 +821,7 @@ def main(argv=None, grids=GRIDS):
     a, parser = parse_args(argv, grids)
     full, grid = choose_variants(a, parser, grids)
     g = Grid(a, grids)
+    refuse_file(g.out)
     jobs = g.jobs(grid, a.seeds)
     cap = a.max_epochs if a.max_epochs is not None else getattr(grids[a.grid], "max_epochs", None)
     if cap is not None and not g.node:

@@ -110,6 +110,9 @@ def test_finished_runs_are_skipped_interrupted_resumed_failed_run_again(
     with reproduce.lock_results("res[1]"):   # held: a second reproduce.py here is refused
         msg = refused(*G)
     assert f"results folder res[1] is in use by another process (pid {os.getpid()})" in msg, msg
+    Path("res.txt").write_text("")
+    assert refused(*G, "--results_dir=res.txt") == (
+        "error: the results folder res.txt is a file: move it away or pass another --results_dir")
     events, fsync, replace = [], os.fsync, os.replace
     monkeypatch.setattr(os, "fsync", lambda fd: events.append(
         ("fsync", os.readlink(f"/proc/self/fd/{fd}"))) or fsync(fd))
