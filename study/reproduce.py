@@ -22,10 +22,11 @@ Node grids (FineWeb-Edu, 124M/350M, one run at a time through torchrun on the GP
 
 Stop it at any time and start it again: finished runs (result.json) are skipped, interrupted
 ones resume from their newest checkpoint (train.py --init_from=resume), failed ones are reported
-with their last log line and run again next time. No checkpoint is deleted that a record does not
-account for, and none is resumed unless its run.json and its own config are the run's: a run
-folder whose checkpoint has no readable run.json, was trained with other settings (whatever its
-run.json says), or has none that loads, is refused in one sentence naming it.
+with their last log line and run again next time. A checkpoint is the grid's when its own config
+is the settings its run.json names (written before train.py starts there); no other is resumed or
+deleted: a run folder whose checkpoint has no readable run.json, was trained with other settings
+than that names, or has none that loads, is refused in one sentence naming it (--replace and
+--dry_run too).
 Every record (run.json, result.json, the summaries) is written to a temporary name, fsynced, then
 renamed. A folder holds one configuration: a run whose settings differ from the results already
 there is refused unless --replace (or another --results_dir); adding seeds or variants to it is
@@ -257,30 +258,32 @@ def settings(args):
 HOW_STARTED = ("out_dir", "init_from", "overwrite", "resume_fallback")
 
 
-def run_record(v, args, run_dir):
+def run_record(v, run_dir):
     """What run_dir holds of an interrupted run: None when it holds no checkpoint (nothing to
-    resume, nothing lost by starting afresh); its run.json ({"args", "wall_s", "code"})
-    when it names other settings (a conflict: refuse_other_settings), or these and the
-    checkpoint's own config (train.py's arguments as it read them) is these too. Any other folder
-    (no readable run.json, or a checkpoint of other settings: train.py run there by hand) is
+    resume, nothing lost by starting afresh); its run.json ({"args", "wall_s", "code"}) when
+    that accounts for the checkpoint: the grid wrote it before it started train.py there, and the
+    checkpoint's own config (train.py's arguments as it read them) is what it names (settings
+    other than the grid's are a conflict: refuse_other_settings). Any other folder (no readable
+    run.json, or a checkpoint of other settings than it names: train.py run there by hand) is
     {"args": None, "why": words}: neither resumed nor deleted."""
     from checkpoint import step_of
     if not any(step_of(p) is not None for p in checkpoints(run_dir)):
         return None
     state = load_json(os.path.join(run_dir, "run.json"))
-    if state is None or not isinstance(state.get("args"), list):
+    if state is None or not isinstance(state.get("args"), list) or not all(
+            isinstance(a, str) for a in state["args"]):
         return {"args": None, "why": "no readable run.json"}
-    why = (None if settings(state["args"]) != settings(args)
-           else checkpoint_mismatch(v, args, run_dir))
+    why = checkpoint_mismatch(v, state["args"], run_dir)
     return state if why is None else {"args": None, "why": why}
 
 
 def checkpoint_mismatch(v, args, run_dir):
-    """None if run_dir's newest checkpoint that loads was trained with the config these arguments
-    give train.py (HOW_STARTED aside; a key added since counts as its default); else what
-    differs, or that none loads (words)."""
+    """None if run_dir's newest checkpoint that loads was trained with the config that its
+    run.json's arguments `args` give train.py (HOW_STARTED aside; a key added since counts as its
+    default); else what differs, or that none loads (words)."""
     import checkpoint
-    from config.defaults import DEFAULTS
+    from config.defaults import DEFAULTS, train_config as resolve
+    from configurator import ConfigError
     try:
         paths = checkpoint.candidates(run_dir)
     except checkpoint.CheckpointError:   # `latest` is a folder or unreadable
@@ -293,10 +296,14 @@ def checkpoint_mismatch(v, args, run_dir):
             continue
     else:
         return "none of its checkpoints loads"
-    wanted = train_config(v.config, tuple(args))
-    differ = [f"{k}={saved.get(k, DEFAULTS.get(k))!r}, not {x!r}" for k, x in wanted.items()
+    try:   # a run.json edited by hand may name what train.py refuses
+        wanted = resolve(v.config, tuple(args))
+    except ConfigError as e:
+        return f"its run.json names settings train.py refuses ({e})"
+    differ = [f"{k}={saved.get(k, DEFAULTS.get(k))!r} where its run.json says {x!r}"
+              for k, x in wanted.items()
               if k not in HOW_STARTED and saved.get(k, DEFAULTS.get(k)) != x]
-    return f"{os.path.basename(path)} was trained with {'; '.join(differ)}" if differ else None
+    return f"{os.path.basename(path)} was trained with {' and '.join(differ)}" if differ else None
 
 
 def resumable(job):
@@ -654,7 +661,7 @@ class Grid:
                 args, run_dir = self.args_for(v, seed), self.run_dir(v, seed)
                 done = settings((load_result(run_dir) or {}).get("args")) == settings(args)
                 epochs = None if self.node else run_epochs(v, args, self.extra)
-                record = None if done else run_record(v, args, run_dir)
+                record = None if done else run_record(v, run_dir)
                 out.append(Job(v, seed, args, run_dir, done, epochs, record))
         return out
 
@@ -702,9 +709,10 @@ def refuse_unaccounted(out, jobs):
     nor deleted, even with --replace: one sentence naming each and why."""
     lost = [f"{j.run_dir}: {j.record['why']}" for j in jobs if j.record and not j.record["args"]]
     if lost:
-        raise SystemExit(f"error: run folders of {out} hold checkpoints this grid cannot account "
-                         f"for ({'; '.join(lost)}): they are neither resumed nor deleted; move "
-                         "them elsewhere (or delete them yourself), or use another --results_dir")
+        raise SystemExit(f"error: run folders of {out} hold checkpoints or logs this grid cannot "
+                         f"account for ({'; '.join(lost)}): they are neither resumed nor "
+                         "deleted; move them elsewhere (or delete them yourself), or use another "
+                         "--results_dir")
 
 
 def plan(a, g, jobs, todo):

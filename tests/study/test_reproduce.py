@@ -40,14 +40,14 @@ def refused(*argv):   # the one sentence argv is refused with
     return str(e.value.code)
 
 
-def args_of(seed):
-    return reproduce.run_args(ONE["g"][0], 8, [], seed, f"res[1]/runs/a/seed{seed}")
+def args_of(seed, iters=8):
+    return reproduce.run_args(ONE["g"][0], iters, [], seed, f"res[1]/runs/a/seed{seed}")
 
 
-def interrupted(seed, run_json=True, **change):
+def interrupted(seed, run_json=(), **change):
     """res[1]/runs/a/seed<seed> as a stop leaves it: a checkpoint at iteration 4 of the grid's
-    config (`change`d), `latest`, a run.json of the grid's settings (or none). (The folder, its
-    files' bytes)"""
+    config (`change`d), `latest`, a run.json of the grid's settings and `run_json` (None: no
+    run.json). (The folder, its files' bytes)"""
     import torch
     run = Path(f"res[1]/runs/a/seed{seed}")
     run.mkdir(parents=True)
@@ -57,33 +57,26 @@ def interrupted(seed, run_json=True, **change):
                 "config": config, "iter_num": 4, "best_val_loss": 2.0, "vocab": {}},
                run / "ckpt_0000004.pt")
     (run / "latest").write_text("ckpt_0000004.pt")
-    if run_json:
-        (run / "run.json").write_text(json.dumps({"args": args_of(seed), "wall_s": 3.0}))
+    if run_json is not None:
+        (run / "run.json").write_text(json.dumps({"args": [*args_of(seed), *run_json],
+                                                  "wall_s": 3.0}))
     return run, {p.name: p.read_bytes() for p in run.iterdir()}
 
 
 def test_finished_runs_are_skipped_interrupted_resumed_failed_run_again(
         tmp_path, monkeypatch, capsys):
     """Seeds: 1 done, 2 interrupted, 3 failing once (its log's last line shown), 4 a torn
-    result.json; 5, 6: checkpoints no record accounts for (the checkpoint's config is the truth,
-    whatever run.json says), neither resumed nor deleted. One reproduce per folder (a second would
-    call the first's runs failed); 'res[1]' is no pattern that reaches res1; records fsynced as
-    temporaries, renamed, their folder fsynced (a crash leaves the old or the new, never a torn
-    one); each result records its commit and a hash of uncommitted .py edits."""
+    result.json; 5-7: checkpoints trained with other settings than their run.json names, or with
+    none, neither resumed nor deleted (--replace, --dry_run or not). One reproduce per folder (a
+    second would call the first's runs failed); 'res[1]' is no pattern that reaches res1; records
+    fsynced as temporaries, renamed, their folder fsynced (a crash leaves the old or the new, never
+    a torn one); each result records its commit and a hash of uncommitted .py edits."""
     def git(*args):
         return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
                               check=True, capture_output=True, text=True).stdout.strip()
     monkeypatch.setattr(reproduce, "ROOT", str(tmp_path))
     Path("train.py").write_text("x = 1")
     git("init", "-q"), git("add", "."), git("commit", "-qm", "one")
-    lost = [interrupted(5, learning_rate=0.01), interrupted(6, False)]
-    assert refused(*G, "--seeds=6", "--replace", "--dry_run") == (   # neither lets it through
-        "error: run folders of res[1] hold checkpoints this grid cannot account for (res[1]/"
-        "runs/a/seed5: ckpt_0000004.pt was trained with learning_rate=0.01, not 0.001; res[1]/"
-        "runs/a/seed6: no readable run.json): they are neither resumed nor deleted; move them "
-        "elsewhere (or delete them yourself), or use another --results_dir")
-    assert [{p.name: p.read_bytes() for p in run.iterdir()} for run, _ in lost] == [
-        files for _, files in lost]
     Path("res1/runs/a/seed1").mkdir(parents=True)
     Path("res1/runs/a/seed1/ckpt_0000010.pt").write_text("another grid's")
     done = {"variant": "a", "seed": 1, "args": args_of(1), "val_loss": 2.0, "wall_s": 1.0,
@@ -111,12 +104,27 @@ def test_finished_runs_are_skipped_interrupted_resumed_failed_run_again(
     with reproduce.lock_results("res[1]"):   # held: a second reproduce.py here is refused
         msg = refused(*G)
     assert f"results folder res[1] is in use by another process (pid {os.getpid()})" in msg, msg
+    Path("res.txt").write_text("")
+    assert refused(*G, "--results_dir=res.txt") == (
+        "error: the results folder res.txt is a file: move it away or pass another --results_dir")
     events, fsync, replace = [], os.fsync, os.replace
     monkeypatch.setattr(os, "fsync", lambda fd: events.append(
         ("fsync", os.readlink(f"/proc/self/fd/{fd}"))) or fsync(fd))
     monkeypatch.setattr(os, "replace", lambda a, b: events.append(
         ("replace", os.path.abspath(b))) or replace(a, b))
     monkeypatch.setattr(reproduce.Children, "run", train)
+    lost = [interrupted(5, learning_rate=0.01), interrupted(6, None),
+            interrupted(7, ["--learning_rate=0.002"], learning_rate=0.01)]
+    for more in ([], ["--replace"], ["--replace", "--dry_run"]):   # none lets them through
+        assert refused(*G, "--seeds=7", *more) == (
+            "error: run folders of res[1] hold checkpoints or logs this grid cannot account for "
+            "(res[1]/runs/a/seed5: ckpt_0000004.pt was trained with learning_rate=0.01 where its "
+            "run.json says 0.001; res[1]/runs/a/seed6: no readable run.json; res[1]/runs/a/seed7: "
+            "ckpt_0000004.pt was trained with learning_rate=0.01 where its run.json says 0.002): "
+            "they are neither resumed nor deleted; move them elsewhere (or delete them yourself), "
+            "or use another --results_dir")
+    assert [{p.name: p.read_bytes() for p in run.iterdir()} for run, _ in lost] == [
+        files for _, files in lost]   # no tool deletes what it cannot account for
     assert reproduce.main([*G, "--seeds=4", "--jobs=1"], ONE) == 1
     assert "a seed 3: FAILED (exit 1, no evaluation: the last line)" in capsys.readouterr().out
     Path("train.py").write_text("x = 2")   # seed 3's second try runs an edit
