@@ -20,13 +20,17 @@ Node grids (FineWeb-Edu, 124M/350M, one run at a time through torchrun on the GP
     python -m study.reproduce --grid=node --nproc_per_node=8 --seeds=1 --dry_run   # runs, estimate
     python -m study.reproduce --grid=node --nproc_per_node=8 --tokens=2.5e9 --seeds=1
 
-Stop it at any time and start it again: finished runs (result.json) are skipped, interrupted
-ones resume from their newest checkpoint (train.py --init_from=resume), failed ones are reported
-with their last log line and run again next time. A checkpoint is the grid's when its own config
-is the settings its run.json names (written before train.py starts there); no other is resumed or
-deleted: a run folder whose checkpoint has no readable run.json, was trained with other settings
-than that names, or has none that loads, is refused in one sentence naming it (--replace and
---dry_run too).
+Stop it at any time (SIGKILL too) and start it again: finished runs (result.json) are skipped,
+interrupted ones resume from their newest checkpoint (train.py --init_from=resume), failed ones
+are reported with their last log line and run again next time (a result.json that does not read
+is no result). A run folder is the grid's when the run.json it wrote there before starting
+train.py names the settings its checkpoint was trained with (the checkpoint's own config), or it
+holds no checkpoint: the grid owns its files (checkpoints, latest, metrics.jsonl, train.log,
+result.json), resumes its run if those are the grid's settings, else (--replace) starts it afresh
+over them. A checkpoint or metrics.jsonl that no run.json accounts for (none readable, or a
+checkpoint trained with other settings than it names, or none that loads) is neither resumed nor
+deleted, --replace or not: the grid is refused in one sentence naming its folder and why (a dry
+run too).
 Every record (run.json, result.json, the summaries) is written to a temporary name, fsynced, then
 renamed. A folder holds one configuration: a run whose settings differ from the results already
 there is refused unless --replace (or another --results_dir); adding seeds or variants to it is
@@ -259,22 +263,24 @@ HOW_STARTED = ("out_dir", "init_from", "overwrite", "resume_fallback")
 
 
 def run_record(v, run_dir):
-    """What run_dir holds of an interrupted run: None when it holds no checkpoint (nothing to
-    resume, nothing lost by starting afresh); its run.json ({"args", "wall_s", "code"}) when
-    that accounts for the checkpoint: the grid wrote it before it started train.py there, and the
-    checkpoint's own config (train.py's arguments as it read them) is what it names (settings
+    """What run_dir holds of a run not done: None when it holds neither a checkpoint nor a
+    metrics.jsonl (nothing to resume, nothing lost by starting afresh). Its run.json ({"args",
+    "wall_s", "code"}, and "resume": whether a checkpoint is there) when that accounts for them:
+    the grid wrote it before it started train.py there, and a checkpoint's own config (train.py's
+    arguments as it read them) is what it names; so the run's files are the grid's (settings
     other than the grid's are a conflict: refuse_other_settings). Any other folder (no readable
     run.json, or a checkpoint of other settings than it names: train.py run there by hand) is
     {"args": None, "why": words}: neither resumed nor deleted."""
     from checkpoint import step_of
-    if not any(step_of(p) is not None for p in checkpoints(run_dir)):
+    ckpt = any(step_of(p) is not None for p in checkpoints(run_dir))
+    if not ckpt and not os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
         return None
     state = load_json(os.path.join(run_dir, "run.json"))
     if state is None or not isinstance(state.get("args"), list) or not all(
             isinstance(a, str) for a in state["args"]):
         return {"args": None, "why": "no readable run.json"}
-    why = checkpoint_mismatch(v, state["args"], run_dir)
-    return state if why is None else {"args": None, "why": why}
+    why = checkpoint_mismatch(v, state["args"], run_dir) if ckpt else None
+    return {**state, "resume": ckpt} if why is None else {"args": None, "why": why}
 
 
 def checkpoint_mismatch(v, args, run_dir):
@@ -308,8 +314,8 @@ def checkpoint_mismatch(v, args, run_dir):
 
 def resumable(job):
     """True if job's folder holds a checkpoint of an interrupted run with its settings."""
-    return (job.record is not None and job.record["args"] is not None
-            and settings(job.record["args"]) == settings(job.args))
+    return bool(job.record and job.record.get("resume")
+                and settings(job.record["args"]) == settings(job.args))
 
 
 def in_use(run_dir):
@@ -429,7 +435,7 @@ class Children:
                 self.procs.discard(p)
 
 
-# record: run_record's (what the folder holds of an interrupted run), for a job not done
+# record: run_record's (what the folder holds of a run), for a job not done
 Job = namedtuple("Job", "v seed args run_dir done epochs record", defaults=(None, None))
 
 
@@ -467,13 +473,16 @@ class Runner:
 
     def start(self, job, resume):
         """The run's record, written to its run.json before it starts: its wall time so far and
-        the code in the tree now. A run started afresh first loses the checkpoints of other
-        settings (--replace: they must not be resumed later); a folder no record accounts for
+        the code in the tree now. A run started afresh first loses the files of the run before it
+        (train.py refuses to start over a checkpoint or a metrics.jsonl; a result.json no longer
+        says what the folder holds): they are the grid's, since a folder no record accounts for
         never gets here (refuse_unaccounted)."""
         os.makedirs(job.run_dir, exist_ok=True)
         if not resume:
-            for f in checkpoints(job.run_dir):
-                os.remove(f)
+            logs = [os.path.join(job.run_dir, n) for n in ("metrics.jsonl", "result.json")]
+            for f in checkpoints(job.run_dir) + logs:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(f)
         state = {"args": job.args, "wall_s": job.record.get("wall_s", 0) if resume else 0,
                  "code": code_version()}
         write_json(os.path.join(job.run_dir, "run.json"), state)
@@ -667,8 +676,8 @@ class Grid:
 
 
 def conflicts(jobs):
-    """Runs that would overwrite a finished or resumable run of other settings:
-    [(run_dir, old args, new args)]."""
+    """Runs that would start over a run of other settings (finished, or with a checkpoint or a
+    log that run_record accounts for): [(run_dir, old args, new args)]."""
     out = []
     for job in jobs:
         old = (load_result(job.run_dir) or {}).get("args")
@@ -681,7 +690,7 @@ def conflicts(jobs):
 
 def refuse_file(out):
     """A results folder that is a file (or in one) is one sentence before anything runs, not a
-    traceback once the first record is written."""
+    traceback when its lock is taken."""
     path = out
     while path and not os.path.exists(path):   # the part of it that exists
         path = os.path.dirname(path)
@@ -705,8 +714,8 @@ def refuse_other_settings(out, jobs):
 
 
 def refuse_unaccounted(out, jobs):
-    """A run folder with checkpoints that no record accounts for (run_record) is neither resumed
-    nor deleted, even with --replace: one sentence naming each and why."""
+    """A run folder with checkpoints or a metrics.jsonl that no record accounts for (run_record)
+    is neither resumed nor deleted, even with --replace: one sentence naming each and why."""
     lost = [f"{j.run_dir}: {j.record['why']}" for j in jobs if j.record and not j.record["args"]]
     if lost:
         raise SystemExit(f"error: run folders of {out} hold checkpoints or logs this grid cannot "

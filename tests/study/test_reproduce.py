@@ -65,12 +65,14 @@ def interrupted(seed, run_json=(), **change):
 
 def test_finished_runs_are_skipped_interrupted_resumed_failed_run_again(
         tmp_path, monkeypatch, capsys):
-    """Seeds: 1 done, 2 interrupted, 3 failing once (its log's last line shown), 4 a torn
-    result.json; 5-7: checkpoints trained with other settings than their run.json names, or with
-    none, neither resumed nor deleted (--replace, --dry_run or not). One reproduce per folder (a
-    second would call the first's runs failed); 'res[1]' is no pattern that reaches res1; records
-    fsynced as temporaries, renamed, their folder fsynced (a crash leaves the old or the new, never
-    a torn one); each result records its commit and a hash of uncommitted .py edits."""
+    """Seeds: 1 done, 2 interrupted, 3 killed once after logging step 0 (its log's last line
+    shown), 4 a torn result.json; 5-8: checkpoints trained with other settings than their run.json
+    names, or a checkpoint or log with none, neither resumed nor deleted (--replace, --dry_run or
+    not). A run the grid started is its own: an edited result.json, or --replace, starts it afresh
+    over its files. One reproduce per folder (a second would call the first's runs failed);
+    'res[1]' is no pattern that reaches res1; records fsynced as temporaries, renamed, their folder
+    fsynced (a crash leaves the old or the new, never a torn one); each result records its commit
+    and a hash of uncommitted .py edits."""
     def git(*args):
         return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
                               check=True, capture_output=True, text=True).stdout.strip()
@@ -87,16 +89,18 @@ def test_finished_runs_are_skipped_interrupted_resumed_failed_run_again(
     run, files = interrupted(2)
     calls = []   # (command, the bytes of the checkpoint it may resume, None if gone)
 
-    def train(self, cmd, stdout, **kw):   # a train.py that ends at once, its metrics torn by a kill
+    def train(self, cmd, stdout, **kw):   # a train.py that ends at once, its metrics torn
         out, n = reproduce.arg_value(cmd, "out_dir"), int(reproduce.arg_value(cmd, "max_iters"))
-        ckpt = Path(out, "ckpt_0000004.pt")
+        ckpt, metrics = Path(out, "ckpt_0000004.pt"), Path(out, "metrics.jsonl")
         calls.append((cmd[3:], ckpt.read_bytes() if ckpt.exists() else None))
-        if len(calls) == 2:   # seed 3, the first time
-            return stdout.write("the last line\n") and 1
+        if "--init_from=resume" not in cmd and (metrics.exists() or [*Path(out).glob("ckpt*")]):
+            return stdout.write("error: out_dir holds a run\n") and 1   # as train.py refuses
         recs = [{"kind": "eval", "iter": i, "val_loss": 3.0 - i / 8, "train_loss": 2.5}
                 for i in range(0, n + 1, 4)] + [{"kind": "final", "val_loss": 1.5}]
-        Path(out, "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs)
-                                              + '{"kind": "eval", "it')
+        if len(calls) == 2:   # seed 3, the first time: SIGKILLed after logging step 0
+            metrics.write_text(json.dumps(recs[0]) + "\n")
+            return stdout.write("the last line\n") and -9
+        metrics.write_text("".join(json.dumps(r) + "\n" for r in recs) + '{"kind": "eval", "it')
         Path(out, f"ckpt_{n:07d}.pt").write_bytes(b"ckpt")
         return 0
     out = dry(capsys, *G, "--seeds=4")
@@ -115,18 +119,22 @@ def test_finished_runs_are_skipped_interrupted_resumed_failed_run_again(
     monkeypatch.setattr(reproduce.Children, "run", train)
     lost = [interrupted(5, learning_rate=0.01), interrupted(6, None),
             interrupted(7, ["--learning_rate=0.002"], learning_rate=0.01)]
+    Path("res[1]/runs/a/seed8").mkdir()   # a train.py run there by hand, killed before it saved
+    Path("res[1]/runs/a/seed8/metrics.jsonl").write_text("{}\n")
+    lost.append((Path("res[1]/runs/a/seed8"), {"metrics.jsonl": b"{}\n"}))
     for more in ([], ["--replace"], ["--replace", "--dry_run"]):   # none lets them through
-        assert refused(*G, "--seeds=7", *more) == (
+        assert refused(*G, "--seeds=8", *more) == (
             "error: run folders of res[1] hold checkpoints or logs this grid cannot account for "
             "(res[1]/runs/a/seed5: ckpt_0000004.pt was trained with learning_rate=0.01 where its "
             "run.json says 0.001; res[1]/runs/a/seed6: no readable run.json; res[1]/runs/a/seed7: "
-            "ckpt_0000004.pt was trained with learning_rate=0.01 where its run.json says 0.002): "
-            "they are neither resumed nor deleted; move them elsewhere (or delete them yourself), "
-            "or use another --results_dir")
+            "ckpt_0000004.pt was trained with learning_rate=0.01 where its run.json says 0.002; "
+            "res[1]/runs/a/seed8: no readable run.json): they are neither resumed nor deleted; "
+            "move them elsewhere (or delete them yourself), or use another --results_dir")
     assert [{p.name: p.read_bytes() for p in run.iterdir()} for run, _ in lost] == [
         files for _, files in lost]   # no tool deletes what it cannot account for
     assert reproduce.main([*G, "--seeds=4", "--jobs=1"], ONE) == 1
-    assert "a seed 3: FAILED (exit 1, no evaluation: the last line)" in capsys.readouterr().out
+    assert "a seed 3: FAILED (exit -9, stopped at iteration 0: the last line)" in (
+        capsys.readouterr().out)
     Path("train.py").write_text("x = 2")   # seed 3's second try runs an edit
     assert reproduce.main([*G, "--seeds=4", "--jobs=1"], ONE) == 0
     assert calls == [([*args_of(2), "--init_from=resume"], files["ckpt_0000004.pt"]),
@@ -151,6 +159,12 @@ def test_finished_runs_are_skipped_interrupted_resumed_failed_run_again(
     Path("y.py").write_text("")   # a new .py file is an edit
     assert reproduce.code_version()["diff"] not in (None, edit["diff"])
     assert os.listdir("res1/runs/a/seed1") == ["ckpt_0000010.pt"]
+    (run / "result.json").write_text(json.dumps({**result, "val_loss": "1.9"}))   # no result
+    assert reproduce.main([*G, "--seeds=4", "--jobs=1"], ONE) == 0
+    accounted = {"args": [*args_of(5), "--learning_rate=0.01"]}   # as its checkpoint was trained
+    (lost[0][0] / "run.json").write_text(json.dumps(accounted))   # --replace runs over it too
+    assert reproduce.main([*G, "--seeds=5", "--jobs=1", "--max_iters=12", "--replace"], ONE) == 0
+    assert calls[4:] == [(args_of(2), None), *((args_of(s, 12), None) for s in range(1, 6))]
 
 
 def test_a_folder_holds_one_settings_the_readme_plans_and_the_summaries_regenerate(
