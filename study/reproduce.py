@@ -20,12 +20,17 @@ Node grids (FineWeb-Edu, 124M/350M, one run at a time through torchrun on the GP
     python -m study.reproduce --grid=node --nproc_per_node=8 --seeds=1 --dry_run   # runs, estimate
     python -m study.reproduce --grid=node --nproc_per_node=8 --tokens=2.5e9 --seeds=1
 
-Stop it at any time and start it again: finished runs (result.json) are skipped, interrupted
-ones resume from their newest checkpoint (train.py --init_from=resume), failed ones are reported
-with their last log line and run again next time. No checkpoint is deleted that a record does not
-account for, and none is resumed unless its run.json and its own config are the run's: a run
-folder whose checkpoint has no readable run.json, was trained with other settings (whatever its
-run.json says), or has none that loads, is refused in one sentence naming it.
+Stop it at any time (SIGKILL too) and start it again: finished runs (result.json) are skipped,
+interrupted ones resume from their newest checkpoint (train.py --init_from=resume), failed ones
+are reported with their last log line and run again next time (a result.json that does not read
+is no result). A run folder is the grid's when the run.json it wrote there before starting
+train.py names the settings its checkpoint was trained with (the checkpoint's own config), or it
+holds no checkpoint: the grid owns its files (checkpoints, latest, metrics.jsonl, train.log,
+result.json), resumes its run if those are the grid's settings, else (--replace) starts it afresh
+over them. A checkpoint or metrics.jsonl that no run.json accounts for (none readable, or a
+checkpoint trained with other settings than it names, or none that loads) is neither resumed nor
+deleted, --replace or not: the grid is refused in one sentence naming its folder and why (a dry
+run too).
 Every record (run.json, result.json, the summaries) is written to a temporary name, fsynced, then
 renamed. A folder holds one configuration: a run whose settings differ from the results already
 there is refused unless --replace (or another --results_dir); adding seeds or variants to it is
@@ -257,30 +262,34 @@ def settings(args):
 HOW_STARTED = ("out_dir", "init_from", "overwrite", "resume_fallback")
 
 
-def run_record(v, args, run_dir):
-    """What run_dir holds of an interrupted run: None when it holds no checkpoint (nothing to
-    resume, nothing lost by starting afresh); its run.json ({"args", "wall_s", "code"})
-    when it names other settings (a conflict: refuse_other_settings), or these and the
-    checkpoint's own config (train.py's arguments as it read them) is these too. Any other folder
-    (no readable run.json, or a checkpoint of other settings: train.py run there by hand) is
+def run_record(v, run_dir):
+    """What run_dir holds of a run not done: None when it holds neither a checkpoint nor a
+    metrics.jsonl (nothing to resume, nothing lost by starting afresh). Its run.json ({"args",
+    "wall_s", "code"}, and "resume": whether a checkpoint is there) when that accounts for them:
+    the grid wrote it before it started train.py there, and a checkpoint's own config (train.py's
+    arguments as it read them) is what it names; so the run's files are the grid's (settings
+    other than the grid's are a conflict: refuse_other_settings). Any other folder (no readable
+    run.json, or a checkpoint of other settings than it names: train.py run there by hand) is
     {"args": None, "why": words}: neither resumed nor deleted."""
     from checkpoint import step_of
-    if not any(step_of(p) is not None for p in checkpoints(run_dir)):
+    ckpt = any(step_of(p) is not None for p in checkpoints(run_dir))
+    if not ckpt and not os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
         return None
     state = load_json(os.path.join(run_dir, "run.json"))
-    if state is None or not isinstance(state.get("args"), list):
+    if state is None or not isinstance(state.get("args"), list) or not all(
+            isinstance(a, str) for a in state["args"]):
         return {"args": None, "why": "no readable run.json"}
-    why = (None if settings(state["args"]) != settings(args)
-           else checkpoint_mismatch(v, args, run_dir))
-    return state if why is None else {"args": None, "why": why}
+    why = checkpoint_mismatch(v, state["args"], run_dir) if ckpt else None
+    return {**state, "resume": ckpt} if why is None else {"args": None, "why": why}
 
 
 def checkpoint_mismatch(v, args, run_dir):
-    """None if run_dir's newest checkpoint that loads was trained with the config these arguments
-    give train.py (HOW_STARTED aside; a key added since counts as its default); else what
-    differs, or that none loads (words)."""
+    """None if run_dir's newest checkpoint that loads was trained with the config that its
+    run.json's arguments `args` give train.py (HOW_STARTED aside; a key added since counts as its
+    default); else what differs, or that none loads (words)."""
     import checkpoint
-    from config.defaults import DEFAULTS
+    from config.defaults import DEFAULTS, train_config as resolve
+    from configurator import ConfigError
     try:
         paths = checkpoint.candidates(run_dir)
     except checkpoint.CheckpointError:   # `latest` is a folder or unreadable
@@ -293,16 +302,20 @@ def checkpoint_mismatch(v, args, run_dir):
             continue
     else:
         return "none of its checkpoints loads"
-    wanted = train_config(v.config, tuple(args))
-    differ = [f"{k}={saved.get(k, DEFAULTS.get(k))!r}, not {x!r}" for k, x in wanted.items()
+    try:   # a run.json edited by hand may name what train.py refuses
+        wanted = resolve(v.config, tuple(args))
+    except ConfigError as e:
+        return f"its run.json names settings train.py refuses ({e})"
+    differ = [f"{k}={saved.get(k, DEFAULTS.get(k))!r} where its run.json says {x!r}"
+              for k, x in wanted.items()
               if k not in HOW_STARTED and saved.get(k, DEFAULTS.get(k)) != x]
-    return f"{os.path.basename(path)} was trained with {'; '.join(differ)}" if differ else None
+    return f"{os.path.basename(path)} was trained with {' and '.join(differ)}" if differ else None
 
 
 def resumable(job):
     """True if job's folder holds a checkpoint of an interrupted run with its settings."""
-    return (job.record is not None and job.record["args"] is not None
-            and settings(job.record["args"]) == settings(job.args))
+    return bool(job.record and job.record.get("resume")
+                and settings(job.record["args"]) == settings(job.args))
 
 
 def in_use(run_dir):
@@ -422,7 +435,7 @@ class Children:
                 self.procs.discard(p)
 
 
-# record: run_record's (what the folder holds of an interrupted run), for a job not done
+# record: run_record's (what the folder holds of a run), for a job not done
 Job = namedtuple("Job", "v seed args run_dir done epochs record", defaults=(None, None))
 
 
@@ -460,13 +473,16 @@ class Runner:
 
     def start(self, job, resume):
         """The run's record, written to its run.json before it starts: its wall time so far and
-        the code in the tree now. A run started afresh first loses the checkpoints of other
-        settings (--replace: they must not be resumed later); a folder no record accounts for
+        the code in the tree now. A run started afresh first loses the files of the run before it
+        (train.py refuses to start over a checkpoint or a metrics.jsonl; a result.json no longer
+        says what the folder holds): they are the grid's, since a folder no record accounts for
         never gets here (refuse_unaccounted)."""
         os.makedirs(job.run_dir, exist_ok=True)
         if not resume:
-            for f in checkpoints(job.run_dir):
-                os.remove(f)
+            logs = [os.path.join(job.run_dir, n) for n in ("metrics.jsonl", "result.json")]
+            for f in checkpoints(job.run_dir) + logs:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(f)
         state = {"args": job.args, "wall_s": job.record.get("wall_s", 0) if resume else 0,
                  "code": code_version()}
         write_json(os.path.join(job.run_dir, "run.json"), state)
@@ -654,14 +670,14 @@ class Grid:
                 args, run_dir = self.args_for(v, seed), self.run_dir(v, seed)
                 done = settings((load_result(run_dir) or {}).get("args")) == settings(args)
                 epochs = None if self.node else run_epochs(v, args, self.extra)
-                record = None if done else run_record(v, args, run_dir)
+                record = None if done else run_record(v, run_dir)
                 out.append(Job(v, seed, args, run_dir, done, epochs, record))
         return out
 
 
 def conflicts(jobs):
-    """Runs that would overwrite a finished or resumable run of other settings:
-    [(run_dir, old args, new args)]."""
+    """Runs that would start over a run of other settings (finished, or with a checkpoint or a
+    log that run_record accounts for): [(run_dir, old args, new args)]."""
     out = []
     for job in jobs:
         old = (load_result(job.run_dir) or {}).get("args")
@@ -670,6 +686,18 @@ def conflicts(jobs):
         if not job.done and old is not None and settings(old) != settings(job.args):
             out.append((job.run_dir, old, job.args))
     return out
+
+
+def refuse_file(out):
+    """A results folder that is a file (or in one) is one sentence before anything runs, not a
+    traceback when its lock is taken."""
+    path = out
+    while path and not os.path.exists(path):   # the part of it that exists
+        path = os.path.dirname(path)
+    if path and not os.path.isdir(path):
+        where = "a file" if path == out else f"in the file {path}"
+        raise SystemExit(f"error: the results folder {out} is {where}: move it away or pass "
+                         "another --results_dir")
 
 
 def refuse_other_settings(out, jobs):
@@ -686,13 +714,14 @@ def refuse_other_settings(out, jobs):
 
 
 def refuse_unaccounted(out, jobs):
-    """A run folder with checkpoints that no record accounts for (run_record) is neither resumed
-    nor deleted, even with --replace: one sentence naming each and why."""
+    """A run folder with checkpoints or a metrics.jsonl that no record accounts for (run_record)
+    is neither resumed nor deleted, even with --replace: one sentence naming each and why."""
     lost = [f"{j.run_dir}: {j.record['why']}" for j in jobs if j.record and not j.record["args"]]
     if lost:
-        raise SystemExit(f"error: run folders of {out} hold checkpoints this grid cannot account "
-                         f"for ({'; '.join(lost)}): they are neither resumed nor deleted; move "
-                         "them elsewhere (or delete them yourself), or use another --results_dir")
+        raise SystemExit(f"error: run folders of {out} hold checkpoints or logs this grid cannot "
+                         f"account for ({'; '.join(lost)}): they are neither resumed nor "
+                         "deleted; move them elsewhere (or delete them yourself), or use another "
+                         "--results_dir")
 
 
 def plan(a, g, jobs, todo):
@@ -809,6 +838,7 @@ def main(argv=None, grids=GRIDS):
     a, parser = parse_args(argv, grids)
     full, grid = choose_variants(a, parser, grids)
     g = Grid(a, grids)
+    refuse_file(g.out)
     jobs = g.jobs(grid, a.seeds)
     cap = a.max_epochs if a.max_epochs is not None else getattr(grids[a.grid], "max_epochs", None)
     if cap is not None and not g.node:

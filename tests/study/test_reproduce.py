@@ -20,7 +20,7 @@ from study import grids, reproduce
 from study.grids import Variant
 
 ONE = {"g": [Variant("a", "config/baseline_char.py", [], None, "", 0)]}
-G = ["--grid=g", "--max_iters=8", "--results_dir=res[1]"]   # no glob pattern (issue 20.2)
+G = ["--grid=g", "--max_iters=8", "--results_dir=res[1]"]   # a pattern: matched literally
 
 
 @pytest.fixture(autouse=True)
@@ -40,14 +40,14 @@ def refused(*argv):   # the one sentence argv is refused with
     return str(e.value.code)
 
 
-def args_of(seed):
-    return reproduce.run_args(ONE["g"][0], 8, [], seed, f"res[1]/runs/a/seed{seed}")
+def args_of(seed, iters=8):
+    return reproduce.run_args(ONE["g"][0], iters, [], seed, f"res[1]/runs/a/seed{seed}")
 
 
-def interrupted(seed, run_json=True, **change):
+def interrupted(seed, run_json=(), **change):
     """res[1]/runs/a/seed<seed> as a stop leaves it: a checkpoint at iteration 4 of the grid's
-    config (`change`d), `latest`, a run.json of the grid's settings (or none). (The folder, its
-    files' bytes)"""
+    config (`change`d), `latest`, a run.json of the grid's settings and `run_json` (None: no
+    run.json). (The folder, its files' bytes)"""
     import torch
     run = Path(f"res[1]/runs/a/seed{seed}")
     run.mkdir(parents=True)
@@ -57,32 +57,28 @@ def interrupted(seed, run_json=True, **change):
                 "config": config, "iter_num": 4, "best_val_loss": 2.0, "vocab": {}},
                run / "ckpt_0000004.pt")
     (run / "latest").write_text("ckpt_0000004.pt")
-    if run_json:
-        (run / "run.json").write_text(json.dumps({"args": args_of(seed), "wall_s": 3.0}))
+    if run_json is not None:
+        (run / "run.json").write_text(json.dumps({"args": [*args_of(seed), *run_json],
+                                                  "wall_s": 3.0}))
     return run, {p.name: p.read_bytes() for p in run.iterdir()}
 
 
 def test_finished_runs_are_skipped_interrupted_resumed_failed_run_again(
         tmp_path, monkeypatch, capsys):
-    """Seeds: 1 done, 2 interrupted, 3 failing once (its log's last line shown), 4 a torn
-    result.json; 5, 6: checkpoints no record accounts for (the checkpoint's config is the truth,
-    whatever run.json says), neither resumed nor deleted. One reproduce per folder (20.11); 'res[1]'
-    is no pattern that reaches res1 (20.2); records fsynced as temporaries, renamed, their folder
-    fsynced (31.1); each result records its commit and a hash of uncommitted .py edits."""
+    """Seeds: 1 done, 2 interrupted, 3 killed once after logging step 0 (its log's last line
+    shown), 4 a torn result.json; 5-8: checkpoints trained with other settings than their run.json
+    names, or a checkpoint or log with none, neither resumed nor deleted (--replace, --dry_run or
+    not). A run the grid started is its own: an edited result.json, or --replace, starts it afresh
+    over its files. One reproduce per folder (a second would call the first's runs failed);
+    'res[1]' is no pattern that reaches res1; records fsynced as temporaries, renamed, their folder
+    fsynced (a crash leaves the old or the new, never a torn one); each result records its commit
+    and a hash of uncommitted .py edits."""
     def git(*args):
         return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
                               check=True, capture_output=True, text=True).stdout.strip()
     monkeypatch.setattr(reproduce, "ROOT", str(tmp_path))
     Path("train.py").write_text("x = 1")
     git("init", "-q"), git("add", "."), git("commit", "-qm", "one")
-    lost = [interrupted(5, learning_rate=0.01), interrupted(6, False)]
-    assert refused(*G, "--seeds=6", "--replace", "--dry_run") == (   # neither lets it through
-        "error: run folders of res[1] hold checkpoints this grid cannot account for (res[1]/"
-        "runs/a/seed5: ckpt_0000004.pt was trained with learning_rate=0.01, not 0.001; res[1]/"
-        "runs/a/seed6: no readable run.json): they are neither resumed nor deleted; move them "
-        "elsewhere (or delete them yourself), or use another --results_dir")
-    assert [{p.name: p.read_bytes() for p in run.iterdir()} for run, _ in lost] == [
-        files for _, files in lost]
     Path("res1/runs/a/seed1").mkdir(parents=True)
     Path("res1/runs/a/seed1/ckpt_0000010.pt").write_text("another grid's")
     done = {"variant": "a", "seed": 1, "args": args_of(1), "val_loss": 2.0, "wall_s": 1.0,
@@ -93,16 +89,18 @@ def test_finished_runs_are_skipped_interrupted_resumed_failed_run_again(
     run, files = interrupted(2)
     calls = []   # (command, the bytes of the checkpoint it may resume, None if gone)
 
-    def train(self, cmd, stdout, **kw):   # a train.py that ends at once, its metrics torn by a kill
+    def train(self, cmd, stdout, **kw):   # a train.py that ends at once, its metrics torn
         out, n = reproduce.arg_value(cmd, "out_dir"), int(reproduce.arg_value(cmd, "max_iters"))
-        ckpt = Path(out, "ckpt_0000004.pt")
+        ckpt, metrics = Path(out, "ckpt_0000004.pt"), Path(out, "metrics.jsonl")
         calls.append((cmd[3:], ckpt.read_bytes() if ckpt.exists() else None))
-        if len(calls) == 2:   # seed 3, the first time
-            return stdout.write("the last line\n") and 1
+        if "--init_from=resume" not in cmd and (metrics.exists() or [*Path(out).glob("ckpt*")]):
+            return stdout.write("error: out_dir holds a run\n") and 1   # as train.py refuses
         recs = [{"kind": "eval", "iter": i, "val_loss": 3.0 - i / 8, "train_loss": 2.5}
                 for i in range(0, n + 1, 4)] + [{"kind": "final", "val_loss": 1.5}]
-        Path(out, "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs)
-                                              + '{"kind": "eval", "it')
+        if len(calls) == 2:   # seed 3, the first time: SIGKILLed after logging step 0
+            metrics.write_text(json.dumps(recs[0]) + "\n")
+            return stdout.write("the last line\n") and -9
+        metrics.write_text("".join(json.dumps(r) + "\n" for r in recs) + '{"kind": "eval", "it')
         Path(out, f"ckpt_{n:07d}.pt").write_bytes(b"ckpt")
         return 0
     out = dry(capsys, *G, "--seeds=4")
@@ -110,14 +108,33 @@ def test_finished_runs_are_skipped_interrupted_resumed_failed_run_again(
     with reproduce.lock_results("res[1]"):   # held: a second reproduce.py here is refused
         msg = refused(*G)
     assert f"results folder res[1] is in use by another process (pid {os.getpid()})" in msg, msg
+    Path("res.txt").write_text("")
+    assert refused(*G, "--results_dir=res.txt") == (
+        "error: the results folder res.txt is a file: move it away or pass another --results_dir")
     events, fsync, replace = [], os.fsync, os.replace
     monkeypatch.setattr(os, "fsync", lambda fd: events.append(
         ("fsync", os.readlink(f"/proc/self/fd/{fd}"))) or fsync(fd))
     monkeypatch.setattr(os, "replace", lambda a, b: events.append(
         ("replace", os.path.abspath(b))) or replace(a, b))
     monkeypatch.setattr(reproduce.Children, "run", train)
+    lost = [interrupted(5, learning_rate=0.01), interrupted(6, None),
+            interrupted(7, ["--learning_rate=0.002"], learning_rate=0.01)]
+    Path("res[1]/runs/a/seed8").mkdir()   # a train.py run there by hand, killed before it saved
+    Path("res[1]/runs/a/seed8/metrics.jsonl").write_text("{}\n")
+    lost.append((Path("res[1]/runs/a/seed8"), {"metrics.jsonl": b"{}\n"}))
+    for more in ([], ["--replace"], ["--replace", "--dry_run"]):   # none lets them through
+        assert refused(*G, "--seeds=8", *more) == (
+            "error: run folders of res[1] hold checkpoints or logs this grid cannot account for "
+            "(res[1]/runs/a/seed5: ckpt_0000004.pt was trained with learning_rate=0.01 where its "
+            "run.json says 0.001; res[1]/runs/a/seed6: no readable run.json; res[1]/runs/a/seed7: "
+            "ckpt_0000004.pt was trained with learning_rate=0.01 where its run.json says 0.002; "
+            "res[1]/runs/a/seed8: no readable run.json): they are neither resumed nor deleted; "
+            "move them elsewhere (or delete them yourself), or use another --results_dir")
+    assert [{p.name: p.read_bytes() for p in run.iterdir()} for run, _ in lost] == [
+        files for _, files in lost]   # no tool deletes what it cannot account for
     assert reproduce.main([*G, "--seeds=4", "--jobs=1"], ONE) == 1
-    assert "a seed 3: FAILED (exit 1, no evaluation: the last line)" in capsys.readouterr().out
+    assert "a seed 3: FAILED (exit -9, stopped at iteration 0: the last line)" in (
+        capsys.readouterr().out)
     Path("train.py").write_text("x = 2")   # seed 3's second try runs an edit
     assert reproduce.main([*G, "--seeds=4", "--jobs=1"], ONE) == 0
     assert calls == [([*args_of(2), "--init_from=resume"], files["ckpt_0000004.pt"]),
@@ -142,13 +159,19 @@ def test_finished_runs_are_skipped_interrupted_resumed_failed_run_again(
     Path("y.py").write_text("")   # a new .py file is an edit
     assert reproduce.code_version()["diff"] not in (None, edit["diff"])
     assert os.listdir("res1/runs/a/seed1") == ["ckpt_0000010.pt"]
+    (run / "result.json").write_text(json.dumps({**result, "val_loss": "1.9"}))   # no result
+    assert reproduce.main([*G, "--seeds=4", "--jobs=1"], ONE) == 0
+    accounted = {"args": [*args_of(5), "--learning_rate=0.01"]}   # as its checkpoint was trained
+    (lost[0][0] / "run.json").write_text(json.dumps(accounted))   # --replace runs over it too
+    assert reproduce.main([*G, "--seeds=5", "--jobs=1", "--max_iters=12", "--replace"], ONE) == 0
+    assert calls[4:] == [(args_of(2), None), *((args_of(s, 12), None) for s in range(1, 6))]
 
 
 def test_a_folder_holds_one_settings_the_readme_plans_and_the_summaries_regenerate(
         monkeypatch, capsys):
     """On a copy of the committed results: other settings (not more seeds) are refused unless
-    --replace or another folder; every study/README.md command on Tiny Shakespeare plans (issue
-    31.13: one exited 1 on a fresh clone); the epoch cap counts train.bin, not meta.json (31.4); a
+    --replace or another folder; every study/README.md command on Tiny Shakespeare plans (on a
+    fresh clone too); the epoch cap counts train.bin, not meta.json (stale or edited); a
     node run is sized by --tokens; each committed summary regenerates by the command it names (the
     default grid's with --variants=noscale: a summary is of the whole grid)."""
     def close(a, b):   # two JSON values: equal, but floats within rel 1e-9 (NaN equals NaN)
@@ -172,8 +195,9 @@ def test_a_folder_holds_one_settings_the_readme_plans_and_the_summaries_regenera
             and "--max_iters=500" in msg and "--replace" in msg and "--results_dir" in msg), msg
     assert "0 done, 66 to do" in dry(capsys, "--max_iters=500", "--replace")
     lines = [w[3:] for w in commands("study/README.md") if w[1:3] == ["-m", "study.reproduce"]]
-    ran = {shlex.join(args): dry(capsys, *args) for args in lines if "--dataset=" not in str(args)}
-    assert "66 runs, 66 done, 0 to do" in ran[""]   # more seeds of some variants: no other settings
+    ran = {shlex.join(args): dry(capsys, *args) for args in lines   # but <placeholders>
+           if "--dataset=" not in str(args) and "<" not in str(args)}
+    assert "66 runs, 66 done, 0 to do" in ran[""]   # more seeds of some variants: not a change
     # 2x64 at 100 tokens/param: 13,920 iterations x 768 tokens over 1,003,854
     assert "over --max_epochs=3.5: baseline_2x64_t100 (10.7 epochs), " in ran[
         "--grid=regime --max_epochs=3.5"] and len(ran) >= 6, ran
@@ -199,7 +223,7 @@ def test_a_folder_holds_one_settings_the_readme_plans_and_the_summaries_regenera
 
 
 def test_each_train_py_leads_a_session_of_its_own_and_no_run_starts_after_a_stop():
-    """Issue 20.11: so a terminal's Ctrl-C reaches a train.py once, from reproduce.py, which takes
+    """So that a terminal's Ctrl-C reaches a train.py once, from reproduce.py, which takes
     SIGTERM too (SIGINT, forwarded to real train.py runs: the slow test below)."""
     children = reproduce.Children()
     leads = "import os, sys; sys.exit(os.getsid(0) == os.getpid())"
@@ -253,8 +277,8 @@ def test_a_grid_of_train_py_runs_stops_on_ctrl_c_resumes_and_summarizes(workdir,
 
 def test_every_grid_row_and_added_row_runs_the_config_its_name_says(capsys):
     """Results are read by their row's name: each row of each grid, and an --add row named after a
-    variant (issue 32), runs what name_says its name says, or is refused. --add=NAME:CONFIG[:
-    OVERRIDES[:BASELINE[:SIGN[:CLAIM]]]]; bad input is one sentence, nothing written (20.12)."""
+    variant, runs what name_says its name says, or is refused. --add=NAME:CONFIG[:OVERRIDES[:
+    BASELINE[:SIGN[:CLAIM]]]]; bad input is one sentence, nothing written."""
     for grid in grids.GRIDS.values():
         assert all(reproduce.name_says(v.name) and reproduce.check_named(v) for v in grid())
     assert grids.parse_added("w:config/unified_char.py:--n_embd=192,--n_head=6::-1:ER: lower",
