@@ -1,10 +1,11 @@
-"""study/report.py on made-up numbers: paired statistics, the claim rule, pairs of one code, tuned
-pairs, the grids' reports. The committed grids' summaries: test_reproduce.py."""
+"""study/report.py and study/claims.py on made-up numbers: paired statistics, the claim rule,
+pairs of one code, tuned pairs, the grids' reports, Holm; and the README's claims tables against
+the committed results. The committed grids' summaries: test_reproduce.py."""
 import statistics
 
 import pytest
 
-from study import grids, plots, report
+from study import claims, grids, plots, report
 from study.grids import Variant
 
 
@@ -264,3 +265,40 @@ def test_the_untied_report_gives_the_spread_of_g_and_muon_leaves_out_the_picking
     (row,) = report.muon_report(results)[1]["rows"]
     assert row["seeds"] == list(range(2, 10)) and row["mean"] == pytest.approx(-0.0555)
     assert row["verdict"] == "holds" and report.muon_report({}) == ([], None)
+
+
+def test_holm_multiplies_the_kth_smallest_p_by_m_minus_k_plus_1_monotone():
+    assert claims.holm([0.01, 0.04, None, 0.03]) == pytest.approx([0.03, 0.06, None, 0.06])
+    assert claims.holm([0.5, 0.9]) == [1.0, 1.0] and claims.holm([None]) == [None]
+
+
+def test_a_claims_table_reads_holms_p_and_states_each_rows_regime():
+    """The family: the rows of 6 seeds or more; a direction only where the interval and Holm's p
+    agree, "in this regime", which the row states from its runs' own settings."""
+    def runs(shift, seeds, *args, wobble=0.0):
+        return {s: fake(2.0 + shift + 0.001 * s * (s % 2) + wobble * (-1) ** s, s,
+                        config="config/baseline_char.py", args=["--max_iters=1000", *args])
+                for s in seeds}
+    ten, untied = range(1, 11), "--tie_embeddings=False"
+    data = {"g": {"base": runs(0, ten), "a": runs(-0.1, ten), "b": runs(5e-4, ten, wobble=3e-3),
+                  "c": runs(-0.1, range(1, 4)), "f": runs(-0.1, range(1, 7)),
+                  "base_untied": runs(0, ten, untied),
+                  "d": runs(-0.1, ten, untied, "--learning_rate=2e-3")}}
+    rows = [claims.Row("x", "", "g", v, "base", -1) for v in "abcfe"]
+    rows.insert(3, claims.Row("", "", "g", "d", "base_untied", +1))
+    lines = claims.table(rows, load=data.get)
+    assert "over the 4 rows with 6 seeds" in lines[0]
+    a, b, c, d, f, e = (line.split(" | ") for line in lines[-6:])
+    assert a[3] == "4x128, 0.96 tok/param, 0.77 epochs, head tied, lr 1e-3"   # the recipe
+    assert (a[8], a[9]) == (report.p_value(4 * 2 / 1024), "holds in this regime |")
+    assert b[9] == "not resolved |" and c[9] == "not resolved (n too small) |"
+    assert d[3].endswith("head untied, lr 2e-3 / 1e-3") and d[9] == "opposite in this regime |"
+    assert (f[7], f[9]) == (report.p_value(2 / 64), "not resolved after Holm |")
+    assert e[5] == "not run yet"
+
+
+def test_the_readme_claims_tables_are_what_the_committed_results_make():
+    """A stale table fails: `python -m study.claims` rewrites them."""
+    with open(claims.README) as f:
+        text = f.read()
+    assert claims.spliced(text, claims.blocks()) == text, "run python -m study.claims"
