@@ -17,8 +17,6 @@ import os
 import sys
 from collections import namedtuple
 
-import numpy as np
-
 from study import report
 from study.grids import ROOT, TUNE_SEEDS
 
@@ -175,8 +173,8 @@ def pair(row, results):
 
 
 def compute(row, load=load):
-    """A row's figures: {"what", "regime", "n", "diff", "ci95", "p", "below", "text"}; "n" 0
-    where its grid has not run it yet."""
+    """A row's figures: {"what", "n", "p", "below", and where it ran "regime", "ci95", "text"};
+    "n" 0 where its grid has not run it yet."""
     results = load(row.grid)
     if row.kind == "factor":
         return factor(row, results)
@@ -189,11 +187,11 @@ def compute(row, load=load):
     if mixed:
         what += f" ({report.seed_list(mixed)} of two codes left out)"
     out = {"what": f"{what} (`{row.grid}`)", "n": len(seeds), "p": report.sign_flip_p(diffs),
-           "below": sum(d < 0 for d in diffs), "diffs": diffs}
+           "below": sum(d < 0 for d in diffs)}
     if seeds:
         mean, std = report.mean_std(diffs)
         out.update(regime=regime(results[a][seeds[0]], results[b][seeds[0]]),
-                   ci95=report.ci95(diffs), mean=mean,
+                   ci95=report.ci95(diffs),
                    text=f"{report.pm(mean, std, '+.4f')} {report.interval(report.ci95(diffs))}")
     return out
 
@@ -247,9 +245,9 @@ def table(rows, load=load, first=("claim", "paper")):
     figs = [compute(r, load) for r in rows]
     family = [f.get("p") if f["n"] >= report.MIN_SEEDS else None for f in figs]
     adjusted = holm(family)
-    m = sum(p is not None for p in family)
-    lines = [f"Holm's adjustment runs over the {m} rows with 6 seeds or more; the verdict reads",
-             "its p (under 6 seeds: not resolved, n too small).", "",
+    m, n = sum(p is not None for p in family), report.MIN_SEEDS
+    lines = [f"Holm's adjustment runs over the {m} rows with {n} seeds or more; the verdict reads",
+             f"its p (under {n} seeds: not resolved, n too small).", "",
              f"| {' | '.join(first)} | comparison (grid) | regime | n | diff ± std [95% CI] "
              "| below 0 | p | Holm p | verdict |", "|---|---|---|---|---|---|---|---|---|---|"]
     for row, f, p_holm in zip(rows, figs, adjusted):
