@@ -130,14 +130,14 @@ def lr_grid():
 # non-embedding parameters (0.955 tokens per parameter, 0.77 epochs). Every family trains at 0.5x-2x
 # of that budget, each with a complete schedule: the baseline's fitted L(C) gives the budget it
 # needs to match a variant's loss, and the gap at each budget says whether the gain is a head start
-# that fades with training length (issue 21) or holds. 5x160 at 2x repeats the corpus 3 times.
+# that fades with training length or holds. 5x160 at 2x repeats the corpus 3 times.
 SIZES = {"2x64": (2, 64, 133), "3x96": (3, 96, 413), "4x128": (4, 128, 1000),
          "5x160": (5, 160, 1976)}
 BUDGETS = ("0.5", "1", "1.5", "2")
 FAMILIES = {"unified": UNIFIED, "dnp": "DNP: dual placement with a norm lowers the loss (3.2)"}
 # the learning-rate check at the smallest and the largest size (the lr grid swept 4x128): the
 # recipe's 1e-3, half and twice it, and beyond on the side the best rate lay: 4x at 2x64, whose
-# best was 2e-3 or more; a quarter at 5x160, whose best was half (issue 21). Each family is paired
+# best was 2e-3 or more; a quarter at 5x160, whose best was half. Each family is paired
 # with the baseline at its rate
 SIZE_LRS = {"2x64": ("5e-4", "2e-3", "4e-3"), "5x160": ("2.5e-4", "5e-4", "2e-3")}
 
@@ -222,7 +222,7 @@ def wd_grid():
     return v
 
 
-# Power where the thesis lives (issue 33): DNP's and unified's gain split into the Norm after the
+# Power where the thesis lives, 12 seeds: DNP's and unified's gain split into the Norm after the
 # map (dnp_novec - baseline) and the vector (dnp - dnp_novec), all rows of one code version:
 # python -m study.reproduce --grid=power --seeds=12
 # (and noscale, for the telemetry without a vector: --variants=noscale --seeds=3)
@@ -231,7 +231,7 @@ def power_grid():
                                                       "unified", "unified_novec")]
 
 
-# IWD where it can mean something (issue 33): the vectors decayed at 1.0 (sv_decay), the matrices
+# IWD where it can mean something: the vectors decayed at 1.0 (sv_decay), the matrices
 # at the recipe's 0.1, on the Gemma-style config; iwd_blocks spares g_final, the vector IWD
 # changed most at weight decay 1.0 (study/README.md)
 def iwd_grid():
@@ -244,7 +244,7 @@ def iwd_grid():
                     "(our control) IWD without decay on g_final", 0)]
 
 
-# Length against repetition at 5x160 (issue 33): the 1x budget on the whole training split and on
+# Length against repetition at 5x160: the 1x budget on the whole training split and on
 # its first half (the same validation split), so that the half repeats the corpus as often as
 # the whole does at 2x, at the length of 1x
 HALF_TRAIN = 501_927   # of Tiny Shakespeare's 1,003,854 training characters
@@ -263,7 +263,7 @@ def repeat_grid():
     return v
 
 
-# ---- issue 40: the paper's first two claims, with the power to decide them ----------------------
+# ---- the paper's first two claims, with the power to decide them (12 seeds) ---------------------
 # Removing the vectors, at the same lr and each family at its own: every family runs every rate of
 # TUNE_LRS on the seeds of TUNE_SEEDS, which pick its best (mean loss) and are then left out of the
 # tuned pairs (report.tuned_pairs); the rows at the recipe's 1e-3 keep their plain names and pairs.
@@ -313,10 +313,10 @@ def decay_grid():
     return v
 
 
-# ---- science round 5: IWD with an untied head, the gain against size, Muon on one code ---------
-# IWD where decay can act (study/README.md, predictions of round 5): the head untied, so g_final
-# folds into it and adds no expressivity, at 2x64 for 3 epochs at lr 2e-3, where the baseline's
-# vectors grow; the matrices decayed at the recipe's 0.1, the vectors at 0.1 and 1.0
+# ---- the fifth round: IWD with an untied head, the gain against size, Muon on one code ---------
+# IWD where decay can act (study/README.md, predictions of the fifth round): the head untied, so
+# g_final folds into it and adds no expressivity, at 2x64 for 3 epochs at lr 2e-3, where the
+# baseline's vectors grow; the matrices decayed at the recipe's 0.1, the vectors at 0.1 and 1.0
 UNTIED_ITERS = round(3 * 1_003_854 / 768)   # 3 epochs of Tiny Shakespeare's training split
 UNTIED = [f"--max_iters={UNTIED_ITERS}", "--n_layer=2", "--n_embd=64", "--n_head=2",
           "--tie_embeddings=False", "--learning_rate=2e-3", "--min_lr=2e-4"]

@@ -117,8 +117,8 @@ def plot_grid(out, grid, results, ci=None):
     fig.tight_layout(), fig.savefig(os.path.join(out, "scale_vectors.png"), dpi=80), plt.close(fig)
 
 
-# telemetry.preconditioning's figures (DESIGN.md "Preconditioning, measured"), per map: how to
-# read one number off a map's record, and the panel's label
+# telemetry.preconditioning's figures (study/README.md, "Preconditioning, measured"), per map: how
+# to read one number off a map's record, and the panel's label
 PRECOND = {"spread of g (std)": lambda m: m["g"][0],
            # the fits need some spread of g to be read (about 0.5%; none at init)
            "AdamW: exponent of |dW'_j| / |dW_j| (1: frozen g)":
@@ -131,7 +131,7 @@ PRECOND = {"spread of g (std)": lambda m: m["g"][0],
 
 def plot_preconditioning(plt, path, results):
     """precond.png: each statistic over training, the mean over the maps a vector feeds and over
-    seeds, one line per variant that recorded it (issue 33); nothing without a record."""
+    seeds, one line per variant that recorded it; nothing without a record."""
     have = {n: res for n, res in results.items()
             if all(r.get("preconditioning") for r in res.values())}
     if not have:

@@ -2,9 +2,11 @@
 The statistics and reports of reproduce.py's grids, from their results ({variant: {seed: result}}):
 the paired table of every grid (summary.md), and the claims as the paper measures them: tuned
 against tuned (the lr grid), compute efficiency and scaling (the scaling grid), the parameter cost
-of each variant. Pure functions of the results, so they are tested on made-up numbers.
+of each variant. A pair is two runs of one seed and one code (code_id). Pure functions of the
+results, so they are tested on made-up numbers.
 """
 import functools
+import itertools
 import os
 import re
 
@@ -53,17 +55,29 @@ def t975(df):
 
 
 def loss_of(r, full=True):
-    """A run's final validation loss: on the whole val split (val_loss_full, issue 33) when
-    full and it has one, else on the 20 fixed batches."""
+    """A run's final validation loss: on the whole val split (val_loss_full) when full and it has
+    one, else on the 20 fixed batches (15,360 of its 111,540 characters)."""
     return r["val_loss_full"] if full and r.get("val_loss_full") is not None else r["val_loss"]
 
 
+def same_code(*runs):
+    """Whether runs were made by one code (code_id; runs that record none are "unknown" and pair
+    only with each other): one config and seed under two codes differed by up to 0.029, far more
+    than the differences a pair measures."""
+    return len({code_id(r.get("code")) for r in runs}) == 1
+
+
 def paired_diffs(res, base):
-    """(seeds both have, variant minus baseline val loss seed by seed) of two {seed: result}; on
-    the whole val split where every run of the pair has it."""
-    seeds = sorted(set(res) & set(base))
-    full = all(r.get("val_loss_full") is not None for d in (res, base) for r in d.values())
+    """(seeds both have on one code, variant minus baseline val loss seed by seed) of two
+    {seed: result}; on the whole val split where every run of the pair has it."""
+    seeds = sorted(s for s in set(res) & set(base) if same_code(res[s], base[s]))
+    full = all(r[s].get("val_loss_full") is not None for r in (res, base) for s in seeds)
     return seeds, [loss_of(res[s], full) - loss_of(base[s], full) for s in seeds]
+
+
+def mixed_code(res, base):
+    """The seeds both have whose two runs are of two codes: left out of the pair."""
+    return sorted(s for s in set(res) & set(base) if not same_code(res[s], base[s]))
 
 
 def sign_flip_p(diffs):
@@ -97,19 +111,23 @@ MIN_SEEDS = 6   # under 6 paired seeds the exact sign-flip p is at least 2/32 > 
 
 
 def claim_verdict(diffs, sign=0):
-    """The rule every claim row follows (issue 40): under MIN_SEEDS seeds "not resolved (n too
-    small for p < 0.05)"; a direction only where the 95% interval excludes 0 and the exact
-    sign-flip p is below 0.05, both: "holds" or "opposite" against the claim's sign, "lower" or
-    "higher" where there is no claim; else "not resolved"."""
+    """The rule every claim row follows: under MIN_SEEDS seeds "not resolved (n too small for
+    p < 0.05)"; else judge(the 95% interval, the exact sign-flip p)."""
     if len(diffs) < MIN_SEEDS:
         return "not resolved (n too small for p < 0.05)"
-    ci, p = ci95(diffs), sign_flip_p(diffs)
+    return judge(ci95(diffs), sign_flip_p(diffs), sign)
+
+
+def judge(ci, p, sign=0):
+    """A direction only where the 95% interval excludes 0 and p is below 0.05, both (the claims
+    table gives Holm's p): "holds" or "opposite" against the claim's sign, "lower" or "higher"
+    where there is no claim; else "not resolved" (at few seeds either read alone misleads)."""
     if verdict(ci) == "not resolved" or p is None or p >= 0.05:
         return "not resolved" + (" (the interval and p disagree)"
                                  if verdict(ci) != "not resolved" else "")
     if not sign:
         return verdict(ci)
-    return "holds" if np.sign(np.mean(diffs)) == sign else "opposite"
+    return "holds" if (-1 if ci[1] < 0 else 1) == sign else "opposite"
 
 
 def summarize(grid, results):
@@ -124,15 +142,31 @@ def summarize(grid, results):
         if v.baseline:
             base = results.get(v.baseline, {})
             seeds, diffs = paired_diffs(res, base)
+            if mixed_code(res, base):   # only where there are: other summaries stay as they are
+                row["mixed_code_seeds"] = mixed_code(res, base)
             d_mean, d_std = mean_std(diffs)
             matches = None if d_mean is None or not v.sign else bool(np.sign(d_mean) == v.sign)
             row.update(paired_seeds=seeds, diff_mean=d_mean, diff_std=d_std, ci95=ci95(diffs),
                        p=sign_flip_p(diffs),
-                       agree=int(sum(np.sign(d) == v.sign for d in diffs)) if v.sign else None,
-                       verdict=claim_verdict(diffs, v.sign), direction_matches=matches)
+                       agree=int(sum(np.sign(d) == v.sign for d in diffs))
+                       if v.sign and seeds else None,
+                       verdict=claim_verdict(diffs, v.sign) if seeds else "—",
+                       direction_matches=matches)
         row["code_unrecorded"] = any(code_id(r.get("code")) == "unknown" for r in res.values())
         rows.append(row)
     return rows
+
+
+def seed_list(seeds):
+    """"seeds 1-3, 7" of [1, 2, 3, 7]; "seed 4" of [4]."""
+    runs, seeds = [], sorted(seeds)
+    for s in seeds:
+        if runs and s == runs[-1][1] + 1:
+            runs[-1][1] = s
+        else:
+            runs.append([s, s])
+    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
+    return ("seed " if len(seeds) == 1 else "seeds ") + text
 
 
 def pm(m, s, fmt=".4f"):
@@ -155,6 +189,8 @@ def write_summary(out, rows, header, more=()):
             ci, p = interval(r["ci95"]), p_value(r.get("p"))
             agree = "—" if r["agree"] is None else f"{r['agree']}/{len(r['paired_seeds'])}"
             said = r["verdict"]
+            if r.get("mixed_code_seeds"):   # named, so that a short row is not read as all
+                diff += f"; {seed_list(r['mixed_code_seeds'])} left out (two codes)"
         loss = pm(r["val_loss_mean"], r["val_loss_std"])
         name = r["variant"] + (" (code not recorded)" if r.get("code_unrecorded") else "")
         lines.append(f"| {name} | {r['baseline'] or ''} | {r['n']} | {loss} | {diff} | {ci} "
@@ -167,8 +203,10 @@ def write_summary(out, rows, header, more=()):
               "direction (holds or opposite against the claim; lower or higher without one) only "
               "where the interval excludes 0 and p < 0.05, else not resolved. Agree: seeds whose "
               "difference has the claimed sign. Loss: on the whole validation split where a "
-              "pair's runs have it (val_loss_full, from issue 33 on), else on the 20 fixed "
-              "batches. (code not recorded): a row with runs older than the code record.",
+              "pair's runs have it (val_loss_full), else on the 20 fixed batches. A pair is of "
+              "one code: a seed whose two runs record two codes is left out and named (runs that "
+              "record none pair only with each other). (code not recorded): a row with runs "
+              "older than the code record.",
               *(["", *more] if more else [])]
     from checkpoint import atomic_write   # a record: temporary name, fsync, rename
     text = "\n".join(lines) + "\n"
@@ -190,7 +228,7 @@ def lr_sweep(results, seeds=(1,)):
 def tuned_rows(grid, results):
     """Tuned against tuned: each family at the rate that was best in the sweep (seed 1), paired
     seed by seed with its baseline family at *that* family's best rate, on the other seeds only
-    (the seed that picked the rate is not evaluated: issue 33). bracketed: both neighbours of the
+    (the seed that picked the rate would favour it). bracketed: both neighbours of the
     best rate in LRS were measured (or it is at the end of LRS); otherwise the optimum may lie
     further out."""
     sweep, rows = lr_sweep(results), {}
@@ -252,8 +290,10 @@ def scaling_rows(results, tokens_per_iter=TOKENS_PER_ITER, train_tokens=TRAIN_TO
     """Per size, family and budget: the family's loss against the baseline at the same budget
     (paired by seed), and the compute factor: the budget the baseline's fitted L(C) needs to reach
     the family's loss, over the budget the family used (the paper: 1.22-1.25x at 0.12B-2B). The
-    gap at each budget says whether the gain holds or fades with training length."""
-    rows, fits = [], {}
+    gap at each budget says whether the gain holds or fades with training length. A seed pairs
+    where the variant's run and the baseline's at every budget (the fit reads them all) are of one
+    code; mixed: the cells left out for two codes, with their seeds."""
+    rows, fits, mixed = [], {}, []
     for size, (n_layer, n_embd, iters) in SIZES.items():
         base = {b: results.get(budget_name("baseline", size, b), {}) for b in BUDGETS}
         seeds = sorted(set.intersection(*(set(r) for r in base.values())))
@@ -262,7 +302,7 @@ def scaling_rows(results, tokens_per_iter=TOKENS_PER_ITER, train_tokens=TRAIN_TO
         xs = [float(b) for b in BUDGETS]
         mean_curve = [float(np.mean([base[b][s]["val_loss"] for s in seeds])) for b in BUDGETS]
         fit = list(fit_budget(xs, mean_curve))
-        # a fit whose E is negative, or whose alpha is at the grid's edge, says nothing (issue 33)
+        # a fit whose E is negative, or whose alpha is at the grid's edge, says nothing
         degenerate = bool(fit[0] < 0 or not 0.02 < fit[2] < 4)   # fit: numpy floats
         fits[size] = {"budgets": xs, "iters": iters, "baseline": mean_curve, "fit": fit,
                       "degenerate": degenerate, "variants": {}}
@@ -271,7 +311,11 @@ def scaling_rows(results, tokens_per_iter=TOKENS_PER_ITER, train_tokens=TRAIN_TO
         for v in [v for v in scaling_grid() if v.baseline in by_base]:
             b = by_base[v.baseline]
             res = results.get(v.name, {})
-            paired = [s for s in seeds if s in res]
+            paired = [s for s in seeds if s in res
+                      and same_code(res[s], *(base[c][s] for c in BUDGETS))]
+            left = [s for s in seeds if s in res and s not in paired]
+            if left:
+                mixed.append({"variant": v.name, "baseline": v.baseline, "seeds": left})
             if not paired:
                 continue
             curve = lambda s: [base[c][s]["val_loss"] for c in BUDGETS]   # noqa: E731
@@ -291,7 +335,7 @@ def scaling_rows(results, tokens_per_iter=TOKENS_PER_ITER, train_tokens=TRAIN_TO
                          **part(diffs), "factor": needed / float(b),
                          "factor_seeds": per_seed, "extrapolated": not xs[0] <= needed <= xs[-1],
                          "degenerate": degenerate})
-    return rows, fits
+    return rows, fits, mixed
 
 
 def scaling_lines(rows):
@@ -343,9 +387,11 @@ def size_lr_rows(results):
                                             for lr, (_, res) in t.items()}
                                         for f, t in table.items()}, "best": best}
         if len(best) == 2:
-            seeds, diffs = paired_diffs(table["unified"][best["unified"]][1],
-                                        table["baseline"][best["baseline"]][1])
+            (a, res), (b, base) = (table[f][best[f]] for f in ("unified", "baseline"))
+            seeds, diffs = paired_diffs(res, base)
             row.update(seeds=seeds, **part(diffs))
+            if mixed_code(res, base):
+                row["mixed"] = [{"variant": a, "baseline": b, "seeds": mixed_code(res, base)}]
         out[size] = row
     return out
 
@@ -438,11 +484,22 @@ def overhead_lines(table):
               for shape, row in table.items()]]
 
 
+def mixed_lines(mixed):
+    """The pairs left out for two codes, one line ([] where none was)."""
+    if not mixed:
+        return []
+    return ["", "Left out, a seed whose runs are of two codes: " + "; ".join(
+        f"{m['variant']} - {m['baseline']} ({seed_list(m['seeds'])})" for m in mixed) + "."]
+
+
 def scaling_report(results):
-    rows, fits = scaling_rows(results)
+    rows, fits, mixed = scaling_rows(results)
     lrs, overheads = size_lr_rows(results), param_overheads()
-    data = {"rows": rows, "fits": fits, "lr_check": lrs, "overheads": overheads}
-    return scaling_lines(rows) + size_lr_lines(lrs) + overhead_lines(overheads), data
+    mixed += [m for r in lrs.values() for m in r.get("mixed", [])]
+    data = {"rows": rows, "fits": fits, "lr_check": lrs, "overheads": overheads,
+            "mixed_code": mixed}
+    return (scaling_lines(rows) + mixed_lines(mixed) + size_lr_lines(lrs)
+            + overhead_lines(overheads), data)
 
 
 def regime_rows(results):
@@ -485,7 +542,7 @@ def regime_report(results):
 # DESIGN.md)
 SPLITS = [("DNP", "dnp", "dnp_novec", "baseline"),
           ("unified", "unified", "unified_novec", "baseline")]
-# unified's total and its Norm part, each against DNP's (issue 40): HG + OR + IWD on top of DNP
+# unified's total and its Norm part, each against DNP's: HG + OR + IWD on top of DNP
 BEYOND_DNP = [("unified", "dnp"), ("unified_novec", "dnp_novec")]
 
 
@@ -497,11 +554,16 @@ def part(diffs, sign=0):
 
 def split_rows(results):
     """Per SPLITS row with results: total = variant - baseline = Norm part (control - baseline)
-    + vector part (variant - control), each seed by seed over the seeds all three have."""
-    rows = []
+    + vector part (variant - control), each seed by seed over the seeds all three have on one
+    code. (rows, the splits' seeds left out for two codes)"""
+    rows, mixed = [], []
     for label, name, control, base in SPLITS:
         runs = [results.get(n, {}) for n in (name, control, base)]
-        seeds = sorted(set.intersection(*(set(r) for r in runs)))
+        shared = set.intersection(*(set(r) for r in runs))
+        seeds = sorted(s for s in shared if same_code(*(r[s] for r in runs)))
+        if shared - set(seeds):
+            mixed.append({"variant": f"{name} and {control}", "baseline": base,
+                          "seeds": sorted(shared - set(seeds))})
         if len(seeds) < 2:
             continue
         full = all(r[s].get("val_loss_full") is not None for r in runs for s in seeds)
@@ -509,7 +571,7 @@ def split_rows(results):
         rows.append({"label": label, "variant": name, "control": control, "baseline": base,
                      "seeds": seeds, "total": part(list(v - b)), "norm": part(list(c - b)),
                      "vector": part(list(v - c))})
-    return rows
+    return rows, mixed
 
 
 def p_value(p):
@@ -523,25 +585,32 @@ def cell(p):
 
 
 def default_report(results):
-    rows = split_rows(results)
-    if not rows:
+    rows, mixed = split_rows(results)
+    pairs = [(a, b) for a, b in BEYOND_DNP if a in results and b in results]
+    mixed += [{"variant": a, "baseline": b, "seeds": mixed_code(results[a], results[b])}
+              for a, b in pairs if mixed_code(results[a], results[b])]
+    beyond = [r for r in (beyond_dnp(results, a, b) for a, b in pairs) if r["seeds"]]
+    if not rows and not beyond:
         return [], None
-    lines = ["## DNP's gain, split into its Norm and its vector", "",
-             "The control keeps DNP's Norm after the map and fixes `g_out` at 1 "
-             "(`sv_placement=\"dnp_novec\"`). Seed by seed: Norm part = control - baseline, "
-             "vector part = variant - control; they add up to the total. Each: mean ± std, "
-             "95% CI, the exact two-sided sign-flip p-value over the seeds, verdict.",
-             "", "| variant | control | n | total | Norm part | vector part |",
-             "|---|---|---|---|---|---|"]
-    lines += [f"| {r['variant']} | {r['control']} | {len(r['seeds'])} | {cell(r['total'])} "
-              f"| {cell(r['norm'])} | {cell(r['vector'])} |" for r in rows]
-    beyond = [beyond_dnp(results, a, b) for a, b in BEYOND_DNP if a in results and b in results]
+    lines = []
+    if rows:
+        lines += ["## DNP's gain, split into its Norm and its vector", "",
+                  "The control keeps DNP's Norm after the map and fixes `g_out` at 1 "
+                  "(`sv_placement=\"dnp_novec\"`). Seed by seed: Norm part = control - baseline, "
+                  "vector part = variant - control; they add up to the total. Each: mean ± std, "
+                  "95% CI, the exact two-sided sign-flip p-value over the seeds, verdict.",
+                  "", "| variant | control | n | total | Norm part | vector part |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {r['variant']} | {r['control']} | {len(r['seeds'])} | {cell(r['total'])} "
+                  f"| {cell(r['norm'])} | {cell(r['vector'])} |" for r in rows]
     if beyond:
-        lines += ["", "What unified adds to DNP (its HG, OR and IWD), with the vector and without:",
-                  "", "| variant | vs | n | diff |", "|---|---|---|---|"]
+        lines += [""] * bool(lines) + [
+            "What unified adds to DNP (its HG, OR and IWD), with the vector and without:", "",
+            "| variant | vs | n | diff |", "|---|---|---|---|"]
         lines += [f"| {r['variant']} | {r['baseline']} | {len(r['seeds'])} | {cell(r)} |"
                   for r in beyond]
-    return lines, {"splits": rows, "beyond_dnp": beyond}
+    return lines + mixed_lines(mixed), {"splits": rows, "beyond_dnp": beyond,
+                                        **({"mixed_code": mixed} if mixed else {})}
 
 
 def beyond_dnp(results, a, b):
@@ -565,17 +634,24 @@ def vector_kinds(config, args=()):
             for name, sites in model.vector_sites().items()}
 
 
-def final_g(res):
-    """{"input": .., "final": .., "output": ..}: the final mean of g over the run's vectors of
-    each kind, averaged over its seeds (None where it has none): how far weight decay pulled
-    them. An sv_means name is a vector's, or a row of it ("<vector>.<row>")."""
+def final_gs(res):
+    """{"input": [..], "final": [..], "output": [..]}: the final mean of each of the runs' vectors
+    of each kind, over the seeds. An sv_means name is a vector's, or a row of it
+    ("<vector>.<row>")."""
     by = {"input": [], "final": [], "output": []}
     for r in res.values():
         kinds = vector_kinds(r["config"], tuple(r["args"]))
         for name, curve in r.get("sv_means", {}).items():
             vector = max((v for v in kinds if name == v or name.startswith(v + ".")), key=len)
             by[kinds[vector]].append(curve[-1])
-    return {k: float(np.mean(v)) if v else None for k, v in by.items()}
+    return by
+
+
+def final_g(res):
+    """{"input": .., "final": .., "output": ..}: the final mean of g over the run's vectors of
+    each kind, averaged over its seeds (None where it has none): how far weight decay pulled
+    them."""
+    return {k: mean_std(v)[0] for k, v in final_gs(res).items()}
 
 
 def wd_rows(results):
@@ -618,28 +694,43 @@ def spread(m, key):
 
 TELEMETRY = {"g std": lambda m: m["g"][0], "g max/min": lambda m: m["g"][2] / m["g"][1],
              "update exponent": lambda m: spread(m, "update_exp"),
-             # over the folded model's own step: prediction 1 (AdamW), 2 (SGD), DESIGN.md
+             # over the folded model's own step: the folded step's prediction (study/README.md)
              "AdamW exponent": lambda m: spread(m, "adamw_exp"),
              "SGD exponent": lambda m: spread(m, "sgd_exp"),
              "corr(g, col norm of W')": lambda m: m.get("corr_wg"),
              "update cv": lambda m: m.get("update_cv")}
 
 
-def telemetry(res, at=-1):
-    """The preconditioning record (result.json's) at one evaluation of a run, summed up over its
-    maps: {stat: {"mean": over seeds of the mean over maps, "ci95": over seeds}}."""
+def telemetry_seeds(res, stat, at=-1):
+    """{seed: the mean over the run's maps of one TELEMETRY statistic} at one evaluation (the
+    preconditioning record of result.json), for the runs that have it."""
     out = {}
-    for stat, f in TELEMETRY.items():
-        per_seed = []
-        for r in res.values():
-            xs = [f(m) for m in (r["preconditioning"][at][1].values()
-                                 if r.get("preconditioning") else ())]
-            xs = [x for x in xs if x is not None]
-            if xs:
-                per_seed.append(float(np.mean(xs)))
+    for s, r in res.items():
+        xs = [TELEMETRY[stat](m) for m in (r["preconditioning"][at][1].values()
+                                           if r.get("preconditioning") else ())]
+        xs = [x for x in xs if x is not None]
+        if xs:
+            out[s] = float(np.mean(xs))
+    return out
+
+
+def telemetry(res, at=-1):
+    """{stat: {"mean": over seeds of the mean over maps, "ci95": over seeds}} of a variant."""
+    out = {}
+    for stat in TELEMETRY:
+        per_seed = list(telemetry_seeds(res, stat, at).values())
         out[stat] = {"mean": float(np.mean(per_seed)) if per_seed else None,
                      "ci95": ci95(per_seed)}
     return out
+
+
+def telemetry_pair(res, base, stat, at=-1):
+    """(seeds, differences) of a TELEMETRY statistic, variant minus base seed by seed, over the
+    seeds both have on one code: the two runs of a seed share its initialization and batch order,
+    so their difference varies less over seeds than either run does."""
+    a, b = telemetry_seeds(res, stat, at), telemetry_seeds(base, stat, at)
+    seeds = sorted(s for s in set(a) & set(b) if same_code(res[s], base[s]))
+    return seeds, [a[s] - b[s] for s in seeds]
 
 
 def telemetry_lines(results):
@@ -649,16 +740,33 @@ def telemetry_lines(results):
         return []
     f = lambda x: "—" if x["mean"] is None else f"{x['mean']:.3f}" + (   # noqa: E731
         "" if x["ci95"] is None else " [{:.3f}, {:.3f}]".format(*x["ci95"]))
-    return ["", "## The preconditioning, measured (DESIGN.md's predictions)", "",
-            "At the last evaluation, over the step after it: the mean over the maps a vector "
-            "feeds (q|k|v, gate|up, the head), then over the seeds, with the 95% interval over "
-            "the seeds. Update exponent: p of ||dW'_j|| ~ g_j^p; AdamW exponent: the same of "
-            "||dW'_j|| over the folded model's own step ||dW_j|| (1 for a frozen g); SGD "
-            "exponent: of what a plain SGD step would move W'_j by, over the folded model's own "
-            "SGD step (2 for a frozen g: the paper's g_j^2). `precond.png`: over training.", "",
-            "| variant | " + " | ".join(TELEMETRY) + " |", "|---" * (len(TELEMETRY) + 1) + "|",
-            *[f"| {n} | " + " | ".join(f(row[s]) for s in TELEMETRY) + " |"
-              for n, row in rows.items()]]
+    lines = ["", "## The preconditioning, measured (study/README.md's predictions)", "",
+             "At the last evaluation, over the step after it: the mean over the maps a vector "
+             "feeds (q|k|v, gate|up, the head), then over the seeds, with the 95% interval over "
+             "the seeds. Update exponent: p of ||dW'_j|| ~ g_j^p; AdamW exponent: the same of "
+             "||dW'_j|| over the folded model's own step ||dW_j|| (1 for a frozen g); SGD "
+             "exponent: of what a plain SGD step would move W'_j by, over the folded model's own "
+             "SGD step (2 for a frozen g: the paper's g_j^2). `precond.png`: over training.", "",
+             "| variant | " + " | ".join(TELEMETRY) + " |", "|---" * (len(TELEMETRY) + 1) + "|",
+             *[f"| {n} | " + " | ".join(f(row[s]) for s in TELEMETRY) + " |"
+               for n, row in rows.items()]]
+    return lines + telemetry_pair_lines(results, [n for n in rows if n != "baseline"])
+
+
+def telemetry_pair_lines(results, names):
+    """Each variant minus the baseline, paired by seed: mean [95% CI], p of each statistic."""
+    def cell(seeds, diffs):
+        if not seeds:
+            return "—"
+        p = p_value(sign_flip_p(diffs))
+        return f"{np.mean(diffs):+.4f} {interval(ci95(diffs))}, p = {p} (n={len(seeds)})"
+    if "baseline" not in results or not names:
+        return []
+    return ["", "Paired by seed (one code): each variant minus the baseline, mean [95% CI], the "
+            "exact sign-flip p and n.", "", "| variant - baseline | " + " | ".join(TELEMETRY)
+            + " |", "|---" * (len(TELEMETRY) + 1) + "|",
+            *[f"| {n} | " + " | ".join(cell(*telemetry_pair(results[n], results["baseline"], s))
+                                       for s in TELEMETRY) + " |" for n in names]]
 
 
 def power_report(results):
@@ -683,12 +791,16 @@ def decay_alone(res):
     return float(np.prod(1 - lrs * decay))
 
 
-def decay_table(grid, results, title):
-    """A decay grid's pairs with the final mean of g per class and what decay alone makes of g."""
+def decay_table(grid, results, title, spread=False):
+    """A decay grid's pairs with the final mean of g per class and what decay alone makes of g;
+    spread: with the std of the vectors' final means over the run's vectors and seeds too (a mean
+    near decay alone's may be of vectors at 1 and at 0)."""
     g = lambda x: "—" if x is None else f"{x:.3f}"   # noqa: E731
     lines = [title, "",
-             "Final mean of `g` per class (averaged over the seeds), beside what decay alone "
-             "would make of a vector at 1 that the loss did not resist (the run's schedule).", "",
+             "Final mean of `g` per class (averaged over the seeds"
+             + (" ± the std over the runs' vectors and seeds" if spread else "")
+             + "), beside what decay alone would make of a vector at 1 that the loss did not "
+             "resist (the run's schedule).", "",
              "| variant | vs | n | diff (mean ± std) | 95% CI | p | verdict | g, blocks' "
              "Input-Norms | g_final | g, Output-Norms | decay alone |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -700,12 +812,16 @@ def decay_table(grid, results, title):
         seeds, diffs = paired_diffs(res, results.get(v.baseline, {})) if v.baseline else ([], [])
         row = {"variant": v.name, "baseline": v.baseline, "seeds": seeds, "claim": v.claim,
                **part(diffs, v.sign), "g": final_g(res), "alone": decay_alone(res)}
+        cells = [g(row["g"][k]) for k in ("input", "final", "output")]
+        if spread:
+            row["g_std"] = {k: mean_std(xs)[1] for k, xs in final_gs(res).items()}
+            cells = [c + ("" if row["g_std"][k] is None else f" ± {row['g_std'][k]:.3f}")
+                     for c, k in zip(cells, ("input", "final", "output"))]
         rows.append(row)
         lines.append(f"| {v.name} | {v.baseline or ''} | {len(seeds)} "
                      f"| {pm(row['mean'], row['std'], '+.4f')} | {interval(row['ci95'])} "
                      f"| {p_value(row['p'])} | {row['verdict'] if v.baseline else ''} "
-                     f"| {g(row['g']['input'])} | {g(row['g']['final'])} "
-                     f"| {g(row['g']['output'])} | {row['alone']:.3f} |")
+                     f"| {' | '.join(cells)} | {row['alone']:.3f} |")
     return lines, {"rows": rows}
 
 
@@ -722,21 +838,40 @@ def decay_report(results):
                        "Gemma-style one (Output-Norm vectors only)")
 
 
+def pick_rate(results, name, lrs, seeds):
+    """A family's rate: {"losses": {lr: mean loss over `seeds`}, "best": lr, "edge": the best is
+    at an end of the rates run (the optimum may lie further out)}; None where no rate has every
+    seed. name(lr): the family's variant at that rate."""
+    by = {lr: float(np.mean([loss_of(results[name(lr)][s]) for s in seeds]))
+          for lr in lrs if all(s in results.get(name(lr), {}) for s in seeds)}
+    if not by:
+        return None
+    best = min(by, key=by.get)
+    return {"losses": by, "best": best, "edge": best in (list(by)[0], list(by)[-1])}
+
+
+def pick_cells(pick, lrs):
+    """A pick's row of losses, one cell per rate of lrs: the best in bold, "—" where not run."""
+    return [("**%.4f**" if lr == pick["best"] else "%.4f") % pick["losses"][lr]
+            + (" (edge)" if lr == pick["best"] and pick["edge"] else "")
+            if lr in pick["losses"] else "—" for lr in lrs]
+
+
+def left_out(res, seeds):
+    """res without the seeds that picked the rates (they would favour the picked ones)."""
+    return {s: r for s, r in res.items() if s not in seeds}
+
+
 def tuned_pairs(results):
-    """The tuned grid (issue 40): each pair at the same rate (1e-3, every seed), and each family at
-    its best rate of TUNE_LRS by the mean loss over TUNE_SEEDS, paired with its baseline family at
-    that one's best rate on the other seeds only (the seeds that picked the rates are left out).
-    (picks {family: {"losses": {lr: mean}, "best": lr, "edge": bool}}, pair rows)."""
+    """The tuned grid: each pair at the same rate (1e-3, every seed), and each family at its best
+    rate of TUNE_LRS by the mean loss over TUNE_SEEDS, paired with its baseline family at that
+    one's best rate on the other seeds only (the seeds that picked the rates are left out).
+    (picks {family: pick_rate's}, pair rows)."""
     from study.grids import TUNE_LRS, TUNE_SEEDS, TUNED_FAMILIES, TUNED_PAIRS
     name = lambda f, lr: f if lr == "1e-3" else f"{f}_lr{lr}"   # noqa: E731
-    picks = {}
-    for f in TUNED_FAMILIES:
-        by = {lr: float(np.mean([loss_of(results[name(f, lr)][s]) for s in TUNE_SEEDS]))
-              for lr in TUNE_LRS if all(s in results.get(name(f, lr), {}) for s in TUNE_SEEDS)}
-        if by:
-            best = min(by, key=by.get)
-            picks[f] = {"losses": by, "best": best,
-                        "edge": best in (TUNE_LRS[0], TUNE_LRS[-1])}
+    picks = {f: pick_rate(results, functools.partial(name, f), TUNE_LRS, TUNE_SEEDS)
+             for f in TUNED_FAMILIES}
+    picks = {f: p for f, p in picks.items() if p}
     rows = []
     for f, (base, claim, sign) in TUNED_PAIRS.items():
         if not results.get(f) or not results.get(base):
@@ -746,8 +881,8 @@ def tuned_pairs(results):
                      "seeds": seeds, **part(diffs, sign)})
         if f in picks and base in picks:
             a, b = name(f, picks[f]["best"]), name(base, picks[base]["best"])
-            left = lambda res: {s: r for s, r in res.items() if s not in TUNE_SEEDS}  # noqa: E731
-            seeds, diffs = paired_diffs(left(results.get(a, {})), left(results.get(b, {})))
+            seeds, diffs = paired_diffs(left_out(results.get(a, {}), TUNE_SEEDS),
+                                        left_out(results.get(b, {}), TUNE_SEEDS))
             if seeds:
                 rows.append({"variant": a, "baseline": b, "claim": claim, "seeds": seeds,
                              "rates": [picks[f]["best"], picks[base]["best"]],
@@ -764,17 +899,130 @@ def tuned_report(results):
              "(**bold**; (edge): at the end of the sweep) and are then left out of the tuned "
              "pairs.", "", "| family | " + " | ".join(TUNE_LRS) + " |",
              "|---" * (len(TUNE_LRS) + 1) + "|"]
-    for f, p in picks.items():
-        cells = [("**%.4f**" if lr == p["best"] else "%.4f") % p["losses"][lr]
-                 + (" (edge)" if lr == p["best"] and p["edge"] else "")
-                 if lr in p["losses"] else "—" for lr in TUNE_LRS]
-        lines.append(f"| {f} | " + " | ".join(cells) + " |")
+    lines += [f"| {f} | " + " | ".join(pick_cells(p, TUNE_LRS)) + " |" for f, p in picks.items()]
     lines += ["", "| variant | vs | rates | n | diff (mean ± std) | 95% CI | p | verdict "
               "| paper's claim |", "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['variant']} | {r['baseline']} | {r['rates'][0]} / {r['rates'][1]} "
               f"| {len(r['seeds'])} | {pm(r['mean'], r['std'], '+.4f')} | {interval(r['ci95'])} "
               f"| {p_value(r['p'])} | {r['verdict']} | {r['claim']} |" for r in rows]
     return lines + telemetry_lines(results), {"picks": picks, "pairs": rows}
+
+
+def untied_report(results):
+    from study.grids import untied_grid
+    return decay_table(untied_grid(), results, "## IWD with the head untied: 2x64, 3 epochs, lr "
+                       "2e-3, matrices at 0.1, vectors at 0.1 and 1.0", spread=True)
+
+
+def welch(a, b):
+    """mean(a) - mean(b) and its 95% Welch interval, for two independent samples (2 or more
+    each); Welch-Satterthwaite's degrees of freedom, rounded down (t975 takes whole ones)."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    d, half = a.mean() - b.mean(), t975(max(int(df), 1)) * np.sqrt(va + vb)
+    return float(d), [float(d - half), float(d + half)]
+
+
+def permutation_p(a, b):
+    """The exact two-sided p of a permutation test of mean(a) = mean(b), two independent samples:
+    over every split of the pooled values into groups of their sizes, the share whose |difference
+    of means| is at least the observed one (20 values at most)."""
+    x = np.concatenate([np.asarray(a, float), np.asarray(b, float)])
+    if len(x) > 20:
+        return None
+    sums = x[np.array(list(itertools.combinations(range(len(x)), len(a))))].sum(1)
+    diffs = sums / len(a) - (x.sum() - sums) / len(b)
+    return float(np.mean(np.abs(diffs) >= abs(np.mean(a) - np.mean(b)) - 1e-12))
+
+
+SIZE_SEEDS = 10   # the size grid's: TUNE_SEEDS pick each family's rate, the 8 after them pair
+
+
+def size_trend(results):
+    """The size grid: at each size, each family at its rate of SIZE_TREND_LRS picked by the mean
+    loss over TUNE_SEEDS, then unified minus the baseline at their picked rates, paired by seed on
+    the other seeds; and the trend, that gap at the largest size minus the gap at the smallest
+    (Welch and a permutation p: two sizes' seeds are independent runs). (picks {size: {family:
+    pick_rate's}}, rows, the trend or None)."""
+    from study.grids import SIZE_TREND_LRS, TUNE_SEEDS
+    picks, rows = {}, {}
+    for size, lrs in SIZE_TREND_LRS.items():
+        name = lambda f, lr: f"{f}_{size}_lr{lr}"   # noqa: E731
+        for f in ("baseline", "unified"):
+            pick = pick_rate(results, functools.partial(name, f), lrs, TUNE_SEEDS)
+            if pick:
+                picks.setdefault(size, {})[f] = pick
+        if len(picks.get(size, {})) < 2:
+            continue
+        a, b = (name(f, picks[size][f]["best"]) for f in ("unified", "baseline"))
+        seeds, diffs = paired_diffs(left_out(results.get(a, {}), TUNE_SEEDS),
+                                    left_out(results.get(b, {}), TUNE_SEEDS))
+        if seeds:
+            rows[size] = {"size": size, "variant": a, "baseline": b, "seeds": seeds,
+                          "diffs": diffs, **part(diffs, -1)}
+    small, large = (rows.get(s) for s in (list(SIZE_TREND_LRS)[0], list(SIZE_TREND_LRS)[-1]))
+    trend = None
+    if small and large and min(len(small["diffs"]), len(large["diffs"])) > 1:
+        mean, ci = welch(large["diffs"], small["diffs"])
+        p = permutation_p(large["diffs"], small["diffs"])
+        enough = min(len(small["diffs"]), len(large["diffs"])) >= MIN_SEEDS
+        trend = {"large": large["size"], "small": small["size"], "mean": mean, "ci95": ci,
+                 "p": p, "verdict": judge(ci, p) if enough
+                 else "not resolved (n too small for p < 0.05)"}
+    return picks, list(rows.values()), trend
+
+
+def size_report(results):
+    from study.grids import SIZE_TREND_LRS, TUNE_SEEDS
+    picks, rows, trend = size_trend(results)
+    lrs = sorted({lr for x in SIZE_TREND_LRS.values() for lr in x}, key=float)
+    lines = ["## The gain against model size, each family at its own rate", "",
+             f"Mean validation loss over seeds {', '.join(map(str, TUNE_SEEDS))}, which pick "
+             "each family's rate at each size (**bold**; (edge): at the end of the rates run, the "
+             "optimum may lie further out) and are then left out of the pairs.", "",
+             "| size | family | " + " | ".join(lrs) + " |", "|---" * (len(lrs) + 2) + "|"]
+    lines += [f"| {size} | {f} | " + " | ".join(pick_cells(p, lrs)) + " |"
+              for size, by in picks.items() for f, p in by.items()]
+    picked = [f"{f}_{size}_lr{p['best']}" for size, by in picks.items() for f, p in by.items()]
+    if picked:
+        lines += ["", "The picked rows' other seeds: `python -m study.reproduce --grid=size "
+                  f"--seeds={SIZE_SEEDS} --variants={','.join(picked)}`"]
+    lines += ["", "Unified minus the baseline at their picked rates, paired by seed:", "",
+              "| size | variant | vs | n | diff (mean ± std) | 95% CI | p | verdict |",
+              "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['size']} | {r['variant']} | {r['baseline']} | {len(r['seeds'])} "
+              f"| {pm(r['mean'], r['std'], '+.4f')} | {interval(r['ci95'])} "
+              f"| {p_value(r['p'])} | {r['verdict']} |" for r in rows]
+    if trend:
+        lines += ["", f"The trend, the gap at {trend['large']} minus the gap at {trend['small']} "
+                  f"(above 0: a smaller gain at {trend['large']}): {trend['mean']:+.4f} "
+                  f"{interval(trend['ci95'])} (95% Welch interval), permutation p = "
+                  f"{p_value(trend['p'])}: {trend['verdict']}."]
+    return lines, {"picks": picks, "pairs": rows, "trend": trend}
+
+
+MUON_PICKED_ON = (1,)   # the lr grid's seed that picked the muon grid's rates
+
+
+def muon_report(results):
+    """The muon grid: unified minus the baseline under Muon, each at the muon_lr the lr grid's
+    seed 1 picked, paired by seed on the seeds after it, all of one code."""
+    from study.grids import MUON_WSD, muon_grid
+    base, unified = (v.name for v in muon_grid())
+    seeds, diffs = paired_diffs(left_out(results.get(unified, {}), MUON_PICKED_ON),
+                                left_out(results.get(base, {}), MUON_PICKED_ON))
+    if not seeds:
+        return [], None
+    row = {"variant": unified, "baseline": base, "seeds": seeds, "claim": MUON_WSD,
+           **part(diffs, -1)}
+    return ["## Unified under Muon, each at its picked muon_lr", "",
+            "Unified minus the baseline seed by seed, leaving out seed 1 (it picked the rates in "
+            "the lr grid).", "", "| variant | vs | n | diff (mean ± std) | 95% CI | p | verdict "
+            "| paper's claim |", "|---|---|---|---|---|---|---|---|",
+            f"| {unified} | {base} | {len(seeds)} | {pm(row['mean'], row['std'], '+.4f')} "
+            f"| {interval(row['ci95'])} | {p_value(row['p'])} | {row['verdict']} "
+            f"| {row['claim']} |"], {"rows": [row]}
 
 
 def repeat_report(results):
@@ -786,7 +1034,7 @@ def repeat_report(results):
              "twice as often, as the whole does at 2x.", "",
              "| training split | epochs | n | gap (mean ± std) | 95% CI | p | verdict |",
              "|---|---|---|---|---|---|---|"]
-    rows = []
+    rows, gaps, runs = [], {}, {}
     for tag, label in (("", "whole"), ("_half", "first half")):
         a, b = results.get(f"unified_5x160{tag}", {}), results.get(f"baseline_5x160{tag}", {})
         seeds, diffs = paired_diffs(a, b)
@@ -797,17 +1045,27 @@ def repeat_report(results):
         epochs = int(arg_value(args, "max_iters")) * TOKENS_PER_ITER / read
         row = {"split": label, "epochs": epochs, "seeds": seeds, **part(diffs, -1)}
         rows.append(row)
+        gaps[label], runs[label] = dict(zip(seeds, diffs)), a
         p = p_value(row["p"])
         lines.append(f"| {label} | {epochs:.2f} | {len(seeds)} "
                      f"| {pm(row['mean'], row['std'], '+.4f')} | {interval(row['ci95'])} | {p} "
                      f"| {row['verdict']} |")
+    seeds = sorted(s for s in set(gaps.get("whole", ())) & set(gaps.get("first half", ()))
+                   if same_code(runs["whole"][s], runs["first half"][s]))
+    if seeds:   # the two gaps of a seed share its initialization and batch order: paired
+        both = part([gaps["first half"][s] - gaps["whole"][s] for s in seeds])
+        rows.append({"split": "first half minus whole", "seeds": seeds, **both})
+        lines.append(f"| first half minus whole | | {len(seeds)} "
+                     f"| {pm(both['mean'], both['std'], '+.4f')} | {interval(both['ci95'])} "
+                     f"| {p_value(both['p'])} | {both['verdict']} |")
     return lines, {"rows": rows}
 
 
 # grids with more to say than the paired table: (markdown lines, data for summary.json and plots)
 REPORTS = {"lr": lr_report, "scaling": scaling_report, "default": default_report, "wd": wd_report,
            "regime": regime_report, "power": power_report, "iwd": iwd_report,
-           "repeat": repeat_report, "tuned": tuned_report, "decay": decay_report}
+           "repeat": repeat_report, "tuned": tuned_report, "decay": decay_report,
+           "untied": untied_report, "size": size_report, "muon": muon_report}
 
 
 # ---- the code each result came from ------------------------------------------------------------
