@@ -88,13 +88,9 @@ def run_args(v, max_iters, extra, seed, run_dir, tokens=None, node=False):
 
 
 def train_config(config, overrides=()):
-    """config.defaults.train_config (cached there), a bad value one sentence."""
+    """config.defaults.train_config (cached there); a bad value: its ConfigError, one sentence."""
     from config.defaults import train_config as resolve
-    from configurator import ConfigError
-    try:
-        return resolve(config, tuple(overrides))
-    except ConfigError as e:
-        raise SystemExit(f"error: {e}") from None
+    return resolve(config, tuple(overrides))
 
 
 @functools.lru_cache(maxsize=None)
@@ -116,7 +112,7 @@ def node_sizing(config, overrides=(), tokens=None):
 
 
 # Without a measured --tokens_per_s, a node's throughput is assumed: this fraction of the bf16
-# dense peak of its GPUs (model.peak_flops' table; H100 when this machine has none). nanoGPT's
+# dense peak of its GPUs (telemetry.peak_flops' table; H100 when this machine has none). nanoGPT's
 # 124M reaches about 40% on A100s with torch.compile; measure yours with `python -m tools.gpu_check`
 # (or bench.py) and pass it instead.
 ASSUMED_MFU = 0.40
@@ -185,10 +181,10 @@ def node_estimate(todo, tokens_per_s, gpus, extra):
     if tokens_per_s:
         return sum(n for _, n in todo) / tokens_per_s, f"at the given {tokens_per_s:,.0f} tokens/s"
     import torch
-    from model import GPU_PEAK_FLOPS, peak_flops
+    from telemetry import GPU_PEAK_FLOPS, peak_flops
     if torch.cuda.is_available():
         peak, gpu = peak_flops(torch.device("cuda")), torch.cuda.get_device_name()
-        if peak is None:   # a GPU not in model.GPU_PEAK_FLOPS
+        if peak is None:   # a GPU not in telemetry.GPU_PEAK_FLOPS
             peak, gpu = GPU_PEAK_FLOPS["H100"], f"{gpu} (H100's peak assumed: not in the table)"
     else:
         peak, gpu = GPU_PEAK_FLOPS["H100"], "H100 (assumed: no GPU on this machine)"
@@ -290,11 +286,7 @@ def checkpoint_mismatch(v, args, run_dir):
     import checkpoint
     from config.defaults import DEFAULTS, train_config as resolve
     from configurator import ConfigError
-    try:
-        paths = checkpoint.candidates(run_dir)
-    except checkpoint.CheckpointError:   # `latest` is a folder or unreadable
-        paths = checkpoint.checkpoints(run_dir)[::-1]
-    for path in paths:
+    for path in checkpoint.checkpoints(run_dir)[::-1]:
         try:
             saved = checkpoint.load(path)["config"]
             break
@@ -305,7 +297,7 @@ def checkpoint_mismatch(v, args, run_dir):
     try:   # a run.json edited by hand may name what train.py refuses
         wanted = resolve(v.config, tuple(args))
     except ConfigError as e:
-        return f"its run.json names settings train.py refuses ({e})"
+        return f"its run.json names settings train.py refuses ({str(e)[7:]})"   # "error: ..."
     differ = [f"{k}={saved.get(k, DEFAULTS.get(k))!r} where its run.json says {x!r}"
               for k, x in wanted.items()
               if k not in HOW_STARTED and saved.get(k, DEFAULTS.get(k)) != x]
@@ -321,10 +313,10 @@ def resumable(job):
 def in_use(run_dir):
     """The pid of a train.py that holds run_dir's lock (checkpoint.lock), or None."""
     try:
-        fd = os.open(os.path.join(run_dir, "lock"), os.O_RDONLY | os.O_NOFOLLOW)
+        f = open(os.path.join(run_dir, "lock"))
     except OSError:
         return None
-    with os.fdopen(fd) as f:
+    with f:
         try:
             fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -335,12 +327,9 @@ def in_use(run_dir):
 def lock_results(out):
     """Hold <out>/lock for the life of this invocation (checkpoint.hold_lock, train.py's too): a
     second reproduce.py on the folder is one sentence (it would call this one's runs FAILED and
-    garble their logs); a link there is refused, not followed."""
-    from checkpoint import CheckpointError, hold_lock
-    try:
-        return hold_lock(os.path.join(out, "lock"), f"results folder {out}")
-    except CheckpointError as e:
-        raise SystemExit(f"error: {e}") from None
+    garble their logs)."""
+    from checkpoint import hold_lock
+    return hold_lock(os.path.join(out, "lock"), f"results folder {out}")
 
 
 # ---- the code a run ran -------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The layout (issues 19, 30), read from the files' imports, lazy ones too: the core (config/ too)
+"""The layout, read from the files' imports, lazy ones too: the core (config/ too)
 never imports tools/ or study/, nor they each other; no script imports another or reads its source;
 no cycle; at most 4 floors (a script, a module it imports, one that one imports, model.py)."""
 import ast
@@ -8,7 +8,7 @@ from conftest import ROOT
 
 # the files with a command line; every other file is a library module
 SCRIPTS = {"train", "prepare_data", "sample", "tools.bench", "tools.gpu_check", "tools.export_hf",
-           "tools.plot_metrics", "study.reproduce", "study.walkthrough"}
+           "tools.plot_metrics", "study.reproduce", "study.walkthrough", "study.claims"}
 # {dotted name: path}: the top level's .py files, tools/, study/, and config/'s two modules
 MODULES = {f[:-3]: f for f in os.listdir(ROOT) if f.endswith(".py")} | {
     f"{d}.{f[:-3]}": os.path.join(d, f) for d in ("config", "tools", "study")
@@ -57,7 +57,7 @@ def test_no_crossing_no_script_importing_or_parsing_a_script_no_cycle_at_most_fo
 
 
 def test_the_cores_tests_import_neither_tools_nor_study():
-    """Issue 37: tests/*.py test the core alone (a fork may delete tools/, study/, their tests)."""
+    """tests/*.py test the core alone (a fork may delete tools/, study/ and their tests)."""
     for f in sorted(os.listdir(os.path.join(ROOT, "tests"))):
         if f.endswith(".py"):
             names = imported(os.path.join("tests", f))
