@@ -1,7 +1,7 @@
 """
 What train.py logs of the scale vectors at every evaluation, in out_dir/metrics.jsonl (RunLog; and
 Weights & Biases when asked): each effective vector's size (vector_stats) and the paper's
-mechanism, measured (preconditioning: section 2.2, DESIGN.md "Preconditioning, measured"). An
+mechanism, measured (preconditioning: section 2.2, study/README.md "Preconditioning, measured"). An
 Input-Norm vector g adds no function, W (g * z) = W' z with W' = W diag(g), but it changes how W'
 trains: a step moves column j of W' by g_j^2 times what the folded model's own step would (SGD),
 by g_j times it under AdamW (which normalizes each entry's step), plus what the step of g adds.

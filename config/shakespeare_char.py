@@ -25,5 +25,5 @@ beta2 = 0.99           # a little larger because there are few tokens per iterat
 warmup_iters = 100
 # compile stays off (config/defaults.py): on 2 CPU cores the 2000 iterations took 128 s eager
 # and 170 s compiled, inductor's ~45 s of compiling not earned back at 47-53 against 58-63 ms a
-# step; unified 179 s either way (issue 29, `/usr/bin/time python train.py config/X.py
+# step; unified 179 s either way (`/usr/bin/time python train.py config/X.py
 # --compile=B`). The 124M configs compile: on a GPU that is where the speed is.

@@ -255,7 +255,7 @@ def settings(args):
 
 
 # train.py's keys that say how a run was started and where its folder is, not what it trains
-HOW_STARTED = ("out_dir", "init_from", "overwrite", "resume_fallback")
+HOW_STARTED = ("out_dir", "init_from", "overwrite")
 
 
 def run_record(v, run_dir):

@@ -105,6 +105,13 @@ def test_every_train_key_has_a_rule_its_default_passes_and_er_with_decay_is_refu
         configure(TRAIN, ["--sv_reparam=er", "--sv_weight_decay=iwd"], TRAIN_RULES, PAIR_RULES)
 
 
+def test_wandb_log_without_wandb_is_one_sentence_before_anything_is_written(monkeypatch):
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)   # wandb not installed
+    with pytest.raises(ConfigError, match="^error: wandb_log=True needs the wandb package: pip "
+                                          "install wandb$"):
+        configure(TRAIN, ["--wandb_log=True"], TRAIN_RULES, PAIR_RULES)
+
+
 TABLE_KEYS = {   # the choices, not only the table's name
     "--sv_placement=dnpp": "'pre', 'dp', 'dnp', 'dnp_novec'",
     "--sv_reparam=exp": "'none', 'or', 'er'", "--sv_dnp_width=half": "'full', 'head'",

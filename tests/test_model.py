@@ -169,7 +169,7 @@ def test_the_vector_stats_name_each_branch_and_expert_and_without_vectors_no_g_t
 
 def test_the_initial_weights_are_pinned_and_follow_the_role():
     """Seed 0 gives these weights bit for bit on every CPU (drawn in float64, then rounded: one hash
-    under ATEN_CPU_CAPABILITY=default, avx2, avx512; issue 29). Residual writers (the MoE's stacked
+    under ATEN_CPU_CAPABILITY=default, avx2, avx512). Residual writers (the MoE's stacked
     and shared experts' down too): std 0.02 / sqrt(2 * n_layer); others 0.02."""
     sd = make(seed=0).state_dict()
     # the shortest reprs of float32 values: each names one float32, so the match is exact
@@ -281,10 +281,10 @@ def spread_qkv_vector(frozen_g=False):
 
 
 def test_preconditioning_reads_a_constructed_map_exactly():
-    """Issue 33, DESIGN.md "Preconditioning, measured". W's columns of one norm, g spread: corr(g,
+    """study/README.md "Preconditioning, measured". W's columns of one norm, g spread: corr(g,
     ||W_j||) is None, corr(g, ||W'_j||) 1; an update of W of column j g_j times a unit vector moves
-    the folded column by g_j^2 (update_exp 2), g_j times the column's own step (adamw_exp 1). Issue
-    40: fed_maps copies a plain g (the parameter), or the record omits W diag(dg) from the step."""
+    the folded column by g_j^2 (update_exp 2), g_j times the column's own step (adamw_exp 1).
+    fed_maps copies a plain g (the parameter), or the record would omit W diag(dg) from the step."""
     model, qkv = spread_qkv_vector()
     g, before = qkv.g_in.g.detach().clone().view(-1), telemetry.fed_maps(model)
     stats = telemetry.preconditioning(model)["blocks.0.attn.qkv"]

@@ -206,8 +206,8 @@ def test_bad_input_is_one_sentence_and_leaves_the_existing_runs_as_they_were(
 # the same for every tensor, and one that moved is named) against tests/pinned_run.json. Any change
 # to the step, the schedule, the init or the data order moves them. In float64 (--dtype=float64),
 # where rounding stays far below what Adam could amplify into a visible step. Tolerance: relative
-# 1e-9. Measured spread across ATEN_CPU_CAPABILITY=default|avx2|avx512 and OMP_NUM_THREADS=1|2
-# (issue 29): losses within 3e-16, weights within 3e-16 but for unified's Input-Norm betas (their
+# 1e-9. Measured spread across ATEN_CPU_CAPABILITY=default|avx2|avx512 and OMP_NUM_THREADS=1|2:
+# losses within 3e-16, weights within 3e-16 but for unified's Input-Norm betas (their
 # gradient is rounding noise under DNP, which Adam turns into steps), within 2.3e-13; a 0.1% shrink
 # of every weight after each step, the smallest change this must catch, moves them by more than
 # 1e-2. Updating the numbers is a deliberate act: `python tests/test_train.py --repin`, and say why

@@ -192,8 +192,12 @@ def plot_runs(run_dirs, out):
     for ax in [*axes[0, top:], *axes[1, len(runs) + moe:]]:
         ax.set_axis_off()   # a cell the grid has and no panel needs
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    try:
+        fig.savefig(out, dpi=100)
+    except OSError as e:   # a missing folder, a read-only run folder
+        raise SystemExit(f"error: cannot write {out} ({e.strerror}): give --out=a writable path")
+    finally:
+        plt.close(fig)
     print(f"wrote {out}")
 
 

@@ -80,7 +80,7 @@ def test_the_export_computes_the_models_logits(arch, flags, tokenizer, written, 
     assert ours.abs().max() > 10   # logits of a size where a wrong export shows
     # llama_forward in float64 against our float32: 1e-4 (measured: 1.2e-5)
     assert (llama_forward(config, state, idx) - ours).abs().max() < 1e-4
-    # it sees a wrong export: q, k in model.py's RoPE layout, no q/k norms (issue 32), no DP g_out
+    # it sees a wrong export: q, k in model.py's RoPE layout, no q/k norms, no DP g_out
     sites = model_py.GPT.vector_sites
     for where, name, wrong in [] if tied else [
             (export_hf, "rope_order", lambda n_head, hd: torch.arange(n_head * hd)),

@@ -66,7 +66,7 @@ def test_resume_passes_only_bit_for_bit_and_removes_its_runs(rc, resumed, verdic
 
 
 def test_a_sigterm_ends_the_running_child_and_removes_the_work_folder(tmp_path, monkeypatch):
-    """Issue 31.5 (the work folder, 4.2 GB on a GPU, was left): the child ends, the folder goes."""
+    """The child ends and its work folder (4.2 GB on a GPU) goes."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setattr(gpu_check, "prepare_shakespeare", lambda workdir: None)
     child = "import os, signal, time; os.kill(os.getppid(), signal.SIGTERM); time.sleep(60)"

@@ -39,6 +39,8 @@ def test_runs_show_the_gap_the_last_half_and_markers_on_few_points(tmp_path, mon
     assert [t.get_text() for t in vectors.get_legend().get_texts()] == ["attn.qkv.g_in", "g_final"]
     plot_metrics.main([str(c), f"--out={tmp_path / 'c.png'}"])   # one run: nothing to compare
     assert (tmp_path / "c.png").is_file() and "gap" not in str([a.title for a in figures[1].axes])
+    with pytest.raises(SystemExit, match=r"^error: cannot write .*/none/c.png \(No such file"):
+        plot_metrics.main([str(c), f"--out={tmp_path / 'none' / 'c.png'}"])   # a missing folder
 
 
 @pytest.mark.parametrize("record, why", [
