@@ -2,7 +2,6 @@
 runs it (signals, kills); checkpoint.py and telemetry.py in-process."""
 import errno
 import io
-import json
 import os
 import re
 import signal
@@ -232,12 +231,3 @@ def test_a_resume_restores_the_moments_under_this_runs_hyperparameters(tmp_path)
         with pytest.raises(checkpoint.CheckpointError, match="error: checkpoint ckpt.pt does not "
                            "fit this model .*use its config and model.py"):
             checkpoint.restore(target, opts, state, "ckpt.pt")
-
-
-def test_a_resume_trims_the_log_to_its_checkpoint(tmp_path):
-    """What was logged after the checkpoint goes, and a line torn by a kill or without a step."""
-    path = tmp_path / "metrics.jsonl"
-    path.write_text("".join(json.dumps({"kind": "train", "iter": i}) + "\n" for i in (4, 5, 6))
-                    + '{"kind": "train", "iter": null}\n{"kind": "tr')
-    telemetry.RunLog(tmp_path, resume_at=5).file.close()
-    assert [r["iter"] for r in telemetry.read_metrics(path)[0]] == [4, 5]

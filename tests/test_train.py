@@ -37,7 +37,8 @@ def test_resume_repeats_the_run_bit_for_bit_a_requeue_trains_nothing_and_overwri
     train(workdir, "--out_dir=out_resumed", "--max_iters=7", *COMMON, *wandb, env=offline)
     metrics = workdir / "out_resumed" / "metrics.jsonl"
     with open(metrics, "a") as f:   # logged after the checkpoint, then a line cut short by a kill
-        f.write(json.dumps({"kind": "train", "iter": 8}) + '\n{"kind": "tr')
+        f.write(json.dumps({"kind": "train", "iter": 8}) + '\n{"kind": "train", "iter": null}\n'
+                '{"kind": "tr')   # a record without a step, then a line cut short
     p = train(workdir, "--out_dir=out_resumed", "--max_iters=12", "--init_from=resume", *COMMON,
               "--dataset=tiny_renamed", *wandb, env=offline)
     assert "dropped 1 line(s)" in p.stdout, p.stdout
