@@ -1,7 +1,6 @@
 """study/reproduce.py and grids.py: resume, refusals, locks, signals, code records, plans, grid
 rows; train.py stood in for (Children.run) but in one slow test of real train.py processes."""
 import json
-import math
 import os
 import re
 import shlex
@@ -174,14 +173,9 @@ def test_a_folder_holds_one_settings_the_readme_plans_and_the_summaries_regenera
     fresh clone too); the epoch cap counts train.bin, not meta.json (stale or edited); a
     node run is sized by --tokens; each committed summary regenerates by the command it names (the
     default grid's with --variants=noscale: a summary is of the whole grid)."""
-    def close(a, b):   # two JSON values: equal, but floats within rel 1e-9 (NaN equals NaN)
-        if isinstance(a, dict) and isinstance(b, dict):
-            return a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
-        if isinstance(a, list) and isinstance(b, list):
-            return len(a) == len(b) and all(map(close, a, b))
-        if isinstance(a, float) and isinstance(b, float):
-            return math.isclose(a, b, rel_tol=1e-9) or math.isnan(a) and math.isnan(b)
-        return type(a) is type(b) and a == b
+    # a committed summary.json's floats: within a relative 1e-9 (NaN equal); exact but for the
+    # scaling fit's power laws (numpy): 4e-14 apart across CPUs
+    close = lambda text: pytest.approx(float(text), rel=1e-9, abs=0, nan_ok=True)   # noqa: E731
     shutil.copytree(Path(ROOT, "study/results"), "study/results",   # the runs' --out_dir: relative
                     ignore=shutil.ignore_patterns("*.png", "summary.*"))
     Path("data/shakespeare_char").mkdir(parents=True)   # regime's epoch cap: train.bin's size,
@@ -215,9 +209,9 @@ def test_a_folder_holds_one_settings_the_readme_plans_and_the_summaries_regenera
         new = Path("study/results", path.parent.name, "summary.md").read_text().splitlines()
         assert new[3:] == old[3:] and len(old) > 10, path
         new, old = ({**json.loads(Path(r, "study/results", path.parent.name, "summary.json")
-                                  .read_text()), "command": None} for r in (".", ROOT))
-        # exact but for the scaling fit's power laws (numpy): 4e-14 apart across CPUs
-        assert close(new, old), path
+                                  .read_text(), parse_float=f, parse_constant=f), "command": None}
+                    for r, f in ((".", float), (ROOT, close)))
+        assert new == old, path
     assert not subprocess.run(["git", "status", "--porcelain", "study/results"], cwd=ROOT,
                               capture_output=True, text=True).stdout   # written under tmp only
 
