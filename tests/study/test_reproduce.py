@@ -1,7 +1,5 @@
-"""study/reproduce.py and grids.py: resume, refusals, locks, signals, code records, plans, grid
-rows; train.py stood in for (Children.run) but in one slow test of real train.py processes."""
+"""study/reproduce.py and grids.py, train.py stood in for (Children.run) but in one slow test."""
 import json
-import math
 import os
 import re
 import shlex
@@ -15,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, commands
+from helpers import ROOT, TINY_MODEL, commands
 from study import grids, reproduce
 from study.grids import Variant
 
@@ -45,9 +43,7 @@ def args_of(seed, iters=8):
 
 
 def interrupted(seed, run_json=(), **change):
-    """res[1]/runs/a/seed<seed> as a stop leaves it: a checkpoint at iteration 4 of the grid's
-    config (`change`d), `latest`, a run.json of the grid's settings and `run_json` (None: no
-    run.json). (The folder, its files' bytes)"""
+    """Seed's folder as a stop leaves it: a checkpoint (config `change`d), run.json (None: none)."""
     import torch
     run = Path(f"res[1]/runs/a/seed{seed}")
     run.mkdir(parents=True)
@@ -63,23 +59,15 @@ def interrupted(seed, run_json=(), **change):
     return run, {p.name: p.read_bytes() for p in run.iterdir()}
 
 
-def test_finished_runs_are_skipped_interrupted_resumed_failed_run_again(
-        tmp_path, monkeypatch, capsys):
-    """Seeds: 1 done, 2 interrupted, 3 killed once after logging step 0 (its log's last line
-    shown), 4 a torn result.json; 5-8: checkpoints trained with other settings than their run.json
-    names, or a checkpoint or log with none, neither resumed nor deleted (--replace, --dry_run or
-    not). A run the grid started is its own: an edited result.json, or --replace, starts it afresh
-    over its files. One reproduce per folder (a second would call the first's runs failed);
-    'res[1]' is no pattern that reaches res1; records fsynced as temporaries, renamed, their folder
-    fsynced (a crash leaves the old or the new, never a torn one); each result records its commit
-    and a hash of uncommitted .py edits."""
+def test_done_runs_are_skipped_interrupted_resumed_failed_run_again(tmp_path, monkeypatch, capsys):
+    """Seeds 1 done, 2 interrupted, 3 failed once, 4 torn; 5-8 not the grid's: kept, never run."""
     def git(*args):
         return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
                               check=True, capture_output=True, text=True).stdout.strip()
     monkeypatch.setattr(reproduce, "ROOT", str(tmp_path))
     Path("train.py").write_text("x = 1")
     git("init", "-q"), git("add", "."), git("commit", "-qm", "one")
-    Path("res1/runs/a/seed1").mkdir(parents=True)
+    Path("res1/runs/a/seed1").mkdir(parents=True)   # res[1] is no pattern that reaches res1
     Path("res1/runs/a/seed1/ckpt_0000010.pt").write_text("another grid's")
     done = {"variant": "a", "seed": 1, "args": args_of(1), "val_loss": 2.0, "wall_s": 1.0,
             "curve": [[0, 4.0], [8, 2.0]], "sv_means": {}}
@@ -142,7 +130,7 @@ def test_finished_runs_are_skipped_interrupted_resumed_failed_run_again(
     renamed = [(i, to) for i, (what, to) in enumerate(events) if what == "replace"]
     assert {os.path.basename(to) for _, to in renamed} == {
         "run.json", "result.json", "summary.json", "summary.md"}, events
-    for i, to in renamed:   # fsynced under a temporary name before, its folder fsynced after
+    for i, to in renamed:   # fsynced as a temporary, renamed, its folder fsynced: never torn
         assert any(path.startswith(f"{to}.tmp") for _, path in events[:i]), (to, events)
         assert ("fsync", os.path.dirname(to)) in events[i + 1:], (to, events)
     result = json.loads((run / "result.json").read_text())
@@ -159,7 +147,8 @@ def test_finished_runs_are_skipped_interrupted_resumed_failed_run_again(
     Path("y.py").write_text("")   # a new .py file is an edit
     assert reproduce.code_version()["diff"] not in (None, edit["diff"])
     assert os.listdir("res1/runs/a/seed1") == ["ckpt_0000010.pt"]
-    (run / "result.json").write_text(json.dumps({**result, "val_loss": "1.9"}))   # no result
+    # an edited result.json is no result: the grid's own run starts afresh over its files
+    (run / "result.json").write_text(json.dumps({**result, "val_loss": "1.9"}))
     assert reproduce.main([*G, "--seeds=4", "--jobs=1"], ONE) == 0
     accounted = {"args": [*args_of(5), "--learning_rate=0.01"]}   # as its checkpoint was trained
     (lost[0][0] / "run.json").write_text(json.dumps(accounted))   # --replace runs over it too
@@ -167,21 +156,27 @@ def test_finished_runs_are_skipped_interrupted_resumed_failed_run_again(
     assert calls[4:] == [(args_of(2), None), *((args_of(s, 12), None) for s in range(1, 6))]
 
 
-def test_a_folder_holds_one_settings_the_readme_plans_and_the_summaries_regenerate(
+def test_rows_run_what_their_names_say_the_readme_plans_and_the_summaries_regenerate(
         monkeypatch, capsys):
-    """On a copy of the committed results: other settings (not more seeds) are refused unless
-    --replace or another folder; every study/README.md command on Tiny Shakespeare plans (on a
-    fresh clone too); the epoch cap counts train.bin, not meta.json (stale or edited); a
-    node run is sized by --tokens; each committed summary regenerates by the command it names (the
-    default grid's with --variants=noscale: a summary is of the whole grid)."""
-    def close(a, b):   # two JSON values: equal, but floats within rel 1e-9 (NaN equals NaN)
-        if isinstance(a, dict) and isinstance(b, dict):
-            return a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
-        if isinstance(a, list) and isinstance(b, list):
-            return len(a) == len(b) and all(map(close, a, b))
-        if isinstance(a, float) and isinstance(b, float):
-            return math.isclose(a, b, rel_tol=1e-9) or math.isnan(a) and math.isnan(b)
-        return type(a) is type(b) and a == b
+    """Results are read by their row's name, and a results folder holds one grid's settings."""
+    for grid in grids.GRIDS.values():
+        assert all(reproduce.name_says(v.name) and reproduce.check_named(v) for v in grid())
+    assert grids.parse_added("w:config/unified_char.py:--n_embd=192,--n_head=6::-1:ER: lower",
+                             grids.default_grid()) == Variant(   # the claim keeps its colons
+        "w", "config/unified_char.py", ["--n_embd=192", "--n_head=6"], "baseline", "ER: lower", -1)
+    for arg, words in [
+            ("--add=..:config/baseline_char.py", "NAME must be new to the grid, made of letters"),
+            ("--add=unified_novec:config/unified_char.py", "its name says otherwise of what "
+             "config/unified_char.py runs: sv_placement='dnp', not 'dnp_novec'"),
+            ("--add=baseline_lr2e-3:config/baseline_char.py", "learning_rate=0.001, not 0.002"),
+            ("--add=baseline_x2:config/moe_baseline_char.py", "runs: n_experts=4 (study/repro")]:
+        assert words in refused("--grid=regime", "--dry_run", arg), arg
+    dry(capsys, "--grid=lr", "--seeds=1", "--add=unified_novec:config/unified_char.py:"
+        "--sv_placement=dnp_novec:baseline_lr1e-3")
+    assert os.listdir() == []   # bad input is one sentence, nothing written
+    # a committed summary.json's floats: within a relative 1e-9 (NaN equal); exact but for the
+    # scaling fit's power laws (numpy): 4e-14 apart across CPUs
+    close = lambda text: pytest.approx(float(text), rel=1e-9, abs=0, nan_ok=True)   # noqa: E731
     shutil.copytree(Path(ROOT, "study/results"), "study/results",   # the runs' --out_dir: relative
                     ignore=shutil.ignore_patterns("*.png", "summary.*"))
     Path("data/shakespeare_char").mkdir(parents=True)   # regime's epoch cap: train.bin's size,
@@ -190,7 +185,7 @@ def test_a_folder_holds_one_settings_the_readme_plans_and_the_summaries_regenera
     monkeypatch.setattr(reproduce.Runner, "__call__", lambda *a: pytest.fail("must not run"))
     monkeypatch.setattr(reproduce, "plot_grid", lambda *a, **k: None)   # plots: the slow test
     monkeypatch.setattr(reproduce, "plot_report", lambda *a, **k: None)
-    msg = refused("--max_iters=500", "--dry_run")
+    msg = refused("--max_iters=500", "--dry_run")   # other settings than its runs'
     assert ("66 of these runs with other settings" in msg and "has --max_iters=1000" in msg
             and "--max_iters=500" in msg and "--replace" in msg and "--results_dir" in msg), msg
     assert "0 done, 66 to do" in dry(capsys, "--max_iters=500", "--replace")
@@ -211,20 +206,20 @@ def test_a_folder_holds_one_settings_the_readme_plans_and_the_summaries_regenera
     for path in sorted(Path(ROOT, "study/results").glob("*/summary.md")):   # all 10
         old = path.read_text().splitlines()
         argv = shlex.split(old[2].split("`")[1])[3:]   # "Last command: `python -m ...`"
+        # a summary is of the whole grid: the default grid's, whatever --variants
         assert reproduce.main(argv + ["--variants=noscale"] * (argv == ["--summary_only"])) == 0
         new = Path("study/results", path.parent.name, "summary.md").read_text().splitlines()
         assert new[3:] == old[3:] and len(old) > 10, path
         new, old = ({**json.loads(Path(r, "study/results", path.parent.name, "summary.json")
-                                  .read_text()), "command": None} for r in (".", ROOT))
-        # exact but for the scaling fit's power laws (numpy): 4e-14 apart across CPUs
-        assert close(new, old), path
+                                  .read_text(), parse_float=f, parse_constant=f), "command": None}
+                    for r, f in ((".", float), (ROOT, close)))
+        assert new == old, path
     assert not subprocess.run(["git", "status", "--porcelain", "study/results"], cwd=ROOT,
                               capture_output=True, text=True).stdout   # written under tmp only
 
 
 def test_each_train_py_leads_a_session_of_its_own_and_no_run_starts_after_a_stop():
-    """So that a terminal's Ctrl-C reaches a train.py once, from reproduce.py, which takes
-    SIGTERM too (SIGINT, forwarded to real train.py runs: the slow test below)."""
+    """So that a terminal's Ctrl-C reaches a train.py once (from reproduce.py: the slow test)."""
     children = reproduce.Children()
     leads = "import os, sys; sys.exit(os.getsid(0) == os.getpid())"
     assert children.run([sys.executable, "-c", leads]) == 1
@@ -236,16 +231,14 @@ def test_each_train_py_leads_a_session_of_its_own_and_no_run_starts_after_a_stop
 
 
 @pytest.mark.slow   # train.py in subprocesses
-def test_a_grid_of_train_py_runs_stops_on_ctrl_c_resumes_and_summarizes(workdir, monkeypatch,
+def test_ctrl_c_stops_a_grid_of_train_py_runs_which_resume_and_summarize(workdir, monkeypatch,
                                                                          capsys):
-    """A Ctrl-C (SIGINT) to reproduce.py stops each train.py, which saves; the same command resumes
-    them (each iteration once) and summarizes the runs."""
+    """Each train.py saves on a Ctrl-C; the same command resumes each iteration once."""
     monkeypatch.chdir(workdir)
     grid = {"t": [Variant("base", "config/baseline_char.py", [], None, "", 0),
                   Variant("hg", "config/hetero_char.py", [], "base", "HG lowers the loss", -1)]}
     argv = ["--grid=t", "--seeds=1", "--max_iters=300", "--jobs=2", "--results_dir=res",
-            "--extra=--dataset=tiny --n_layer=2 --n_head=2 --n_embd=32 --block_size=16 "
-            "--batch_size=4 --vocab_pad=1 --eval_iters=2 --device=cpu --log_interval=1"]
+            "--extra=" + " ".join(TINY_MODEL)]
     runs = {v: workdir / "res" / "runs" / v / "seed1" for v in ("base", "hg")}
 
     def stop():   # Ctrl-C to reproduce.py, once both train.py train
@@ -273,24 +266,3 @@ def test_a_grid_of_train_py_runs_stops_on_ctrl_c_resumes_and_summarizes(workdir,
     assert rows["hg"]["diff_mean"] == loss["hg"] - loss["base"]   # one float64 subtraction
     assert all(Path("res", png).stat().st_size > 1000
                for png in ("val_loss.png", "diff_vs_baseline.png", "scale_vectors.png"))
-
-
-def test_every_grid_row_and_added_row_runs_the_config_its_name_says(capsys):
-    """Results are read by their row's name: each row of each grid, and an --add row named after a
-    variant, runs what name_says its name says, or is refused. --add=NAME:CONFIG[:OVERRIDES[:
-    BASELINE[:SIGN[:CLAIM]]]]; bad input is one sentence, nothing written."""
-    for grid in grids.GRIDS.values():
-        assert all(reproduce.name_says(v.name) and reproduce.check_named(v) for v in grid())
-    assert grids.parse_added("w:config/unified_char.py:--n_embd=192,--n_head=6::-1:ER: lower",
-                             grids.default_grid()) == Variant(   # the claim keeps its colons
-        "w", "config/unified_char.py", ["--n_embd=192", "--n_head=6"], "baseline", "ER: lower", -1)
-    for arg, words in [
-            ("--add=..:config/baseline_char.py", "NAME must be new to the grid, made of letters"),
-            ("--add=unified_novec:config/unified_char.py", "its name says otherwise of what "
-             "config/unified_char.py runs: sv_placement='dnp', not 'dnp_novec'"),
-            ("--add=baseline_lr2e-3:config/baseline_char.py", "learning_rate=0.001, not 0.002"),
-            ("--add=baseline_x2:config/moe_baseline_char.py", "runs: n_experts=4 (study/repro")]:
-        assert words in refused("--grid=regime", "--dry_run", arg), arg
-    dry(capsys, "--grid=lr", "--seeds=1", "--add=unified_novec:config/unified_char.py:"
-        "--sv_placement=dnp_novec:baseline_lr1e-3")
-    assert os.listdir() == []
