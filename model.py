@@ -409,17 +409,23 @@ class GPT(nn.Module):
                 classes[f"{mname}.{pname}" if mname else pname] = cls
         return classes
 
-    def param_groups(self, weight_decay, sv_weight_decay="none", sv_decay=None, muon=False):
+    def param_groups(self, weight_decay, sv_weight_decay="none", sv_decay=None, muon=False,
+                     lr_mults=None):
         """Optimizer groups, one per class of param_classes() (and optimizer): matrices and
         embeddings decayed by weight_decay, scale vectors as DECAY_POLICIES[sv_weight_decay] says
         (paper 2.2), by sv_decay (None: weight_decay). AdamW's decoupled decay pulls each raw
         parameter toward 0 (DESIGN.md: what that does to OR's and ER's g). muon=True: the 2-D
         hidden matrices go to Muon (torch.optim.Muon takes 2-D tensors only, so the stacked
-        (E, out, in) expert weights stay on AdamW)."""
+        (E, out, in) expert weights stay on AdamW). lr_mult: the class's factor of the learning
+        rate, lr_mults {class: factor} (default 1), which train.py's schedule multiplies."""
         decayed = {"matrix", "embedding", *DECAY_POLICIES[sv_weight_decay]}
         classes, params = self.param_classes(), dict(self.named_parameters())
-        groups = []
-        for cls in ("matrix", "embedding", "sv_input", "sv_final", "sv_output"):
+        order = ("matrix", "embedding", "sv_input", "sv_final", "sv_output")
+        lr_mults, groups = lr_mults or {}, []
+        if set(lr_mults) - set(order):   # a misspelt class would silently train at 1x
+            raise ValueError(f"lr_mults: {sorted(set(lr_mults) - set(order))} are not classes of "
+                             f"GPT.param_classes ({', '.join(order)})")
+        for cls in order:
             members = [params[n] for n, c in classes.items() if c == cls]
             to_muon = [p for p in members if muon and cls == "matrix" and p.dim() == 2]
             to_adamw = [p for p in members if all(p is not q for q in to_muon)]
@@ -427,15 +433,19 @@ class GPT(nn.Module):
             for opt, ps in (("muon", to_muon), ("adamw", to_adamw)):
                 if ps:
                     groups.append({"params": ps, "name": cls, "optimizer": opt,
-                                   "weight_decay": coef if cls in decayed else 0.0})
+                                   "weight_decay": coef if cls in decayed else 0.0,
+                                   "lr_mult": float(lr_mults.get(cls, 1.0))})
         return groups
 
     def configure_optimizers(self, *, learning_rate, weight_decay, betas, sv_weight_decay="none",
-                             sv_decay=None, optimizer="adamw", muon_lr=None, muon_momentum=0.95):
+                             sv_decay=None, optimizer="adamw", muon_lr=None, muon_momentum=0.95,
+                             lr_mults=None):
         """AdamW over the groups of param_groups(); optimizer="muon": Muon takes the 2-D hidden
         matrices instead (its update scaled to AdamW's RMS, so muon_lr, default learning_rate, is
-        on AdamW's scale). Each group's base_lr is what train.py's schedule scales."""
-        groups = self.param_groups(weight_decay, sv_weight_decay, sv_decay, optimizer == "muon")
+        on AdamW's scale). Each group's base_lr times its lr_mult is what train.py's schedule
+        scales; a resume keeps both (checkpoint.restore keeps the run's own group settings)."""
+        groups = self.param_groups(weight_decay, sv_weight_decay, sv_decay, optimizer == "muon",
+                                   lr_mults)
         muon_lr = muon_lr or learning_rate
         for g in groups:
             g["base_lr"] = muon_lr if g["optimizer"] == "muon" else learning_rate
@@ -580,8 +590,9 @@ class VectorFlag(NamedTuple):
 
 
 # The GPTConfig flags that put or shape scale vectors: GPTConfig refuses all but their default under
-# scale_vectors=False, fold_scale_vectors resets them, the generic tests build their models from
-# them. A new location is one entry.
+# scale_vectors=False (a moe_only one, without n_experts > 0 too), fold_scale_vectors resets them,
+# the generic tests build their models from them (a moe_only one on an MoE). A new location is one
+# entry.
 VECTOR_FLAGS = dict(sv_hetero=VectorFlag((False, True)), sv_placement=VectorFlag(PLACEMENTS),
                     sv_reparam=VectorFlag(REPARAMS), sv_dnp_width=VectorFlag(DNP_WIDTHS),
                     qk_norm=VectorFlag((False, True), adds_norm=True),

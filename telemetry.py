@@ -12,7 +12,7 @@ import os
 import torch
 
 import checkpoint
-from model import REPARAMS, MoE, ScaledLinear, ScaleVector
+from model import REPARAMS, ScaledLinear, ScaleVector
 
 
 @torch.no_grad()
@@ -29,15 +29,31 @@ def vector_stats(model):
 
 
 def fed_vectors(model):
-    """{map: (its ScaledLinear, the ScaleVector that meets its input or None)} for every linear map
-    fed by Norm(x) (qkv, gate|up, the experts, the router, the head): the maps whose folded weight
-    W diag(g) the vector preconditions."""
-    shared = {f"{n}.{s}": m.g_in for n, m in model.named_modules()   # an MoE's g_ffn
-              if isinstance(m, MoE) and m.g_in is not None
-              for s in ("router", "experts", "shared.gate_up")}
-    shared["head"] = model.g_final
-    return {name: (m, m.g_in or shared.get(name)) for name, m in model.named_modules()
-            if isinstance(m, ScaledLinear)}
+    """{map: (its ScaledLinear, the ScaleVectors declared on its columns)} for every linear map fed
+    by Norm(x) (qkv, gate|up, the experts, the router, the head): the maps whose folded weight
+    W diag(g) the vectors precondition (paper 2.2), g the product of every vector whose folds_into
+    names the map's columns (GPT.vector_sites: an MoE's g_ffn on its router and experts, and any
+    second vector on a map)."""
+    sites, modules = model.vector_sites(), dict(model.named_modules())
+    return {name: (m, [modules[v] for v, s in sites.items() if (f"{name}.weight", "columns") in s])
+            for name, m in modules.items() if isinstance(m, ScaledLinear)}
+
+
+def fed_g(svs, d, g_of):
+    """The product of g_of(sv) over the vectors, an entry over d / width columns (one per head), as
+    (1 or blocks, d); None for no vector."""
+    out = None
+    for sv in svs:
+        g = g_of(sv).repeat_interleave(d // sv.width, -1)
+        out = g if out is None else out * g
+    return out
+
+
+def sgd_g(sv, lr):
+    """sv's g in float64 after a plain SGD step of lr on its raw parameters (lr 0: g as it is)."""
+    raw = {n: getattr(sv, n) for n in REPARAMS[sv.reparam].params}
+    return REPARAMS[sv.reparam].g({n: p.double() - lr * p.grad.double() if lr and p.grad is not None
+                                   else p.double() for n, p in raw.items()}, sv.eps)
 
 
 def blocks(m, W):
@@ -48,8 +64,11 @@ def blocks(m, W):
 def fed_maps(model):
     """{map: (W as (blocks, rows, d_in), g as (1 or blocks, d_in) or None)}, copies (a plain g is
     the parameter itself, which the step changes in place), for every map of fed_vectors."""
-    return {name: (blocks(m, m.weight).clone(), sv().float().clone() if sv is not None else None)
-            for name, (m, sv) in fed_vectors(model).items()}
+    out = {}
+    for name, (m, svs) in fed_vectors(model).items():
+        g = fed_g(svs, m.weight.size(-1), lambda sv: sv().float())
+        out[name] = (blocks(m, m.weight).clone(), g.clone() if g is not None else None)
+    return out
 
 
 @torch.no_grad()
@@ -59,16 +78,13 @@ def sgd_ratios(model, lr):
     model's own step, lr ||dL/dW_j|| / g_j (the paper: g_j^2, plus what the step of g adds).
     {map: (blocks, d_in)}; a map without a vector or a gradient is left out."""
     out = {}
-    for name, (m, sv) in fed_vectors(model).items():
-        if sv is None or m.weight.grad is None:
+    for name, (m, svs) in fed_vectors(model).items():
+        if not svs or m.weight.grad is None:
             continue
         # in float64: the step is a small difference of large numbers
         W, dW = blocks(m, m.weight).double(), blocks(m, m.weight.grad).double()
-        raw = {n: getattr(sv, n) for n in REPARAMS[sv.reparam].params}
-        stepped = {n: p.double() - lr * p.grad.double() if p.grad is not None else p.double()
-                   for n, p in raw.items()}
-        g = REPARAMS[sv.reparam].g({n: p.double() for n, p in raw.items()}, sv.eps)
-        g1 = REPARAMS[sv.reparam].g(stepped, sv.eps)
+        g = fed_g(svs, W.size(-1), lambda sv: sgd_g(sv, 0.0))
+        g1 = fed_g(svs, W.size(-1), lambda sv: sgd_g(sv, lr))
         # (W - lr dW) diag(g1) - W diag(g), per column
         moved = (W * (g1 - g).unsqueeze(1) - lr * dW * g1.unsqueeze(1)).norm(dim=1)
         own = lr * dW.norm(dim=1) / g.expand_as(moved)

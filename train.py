@@ -271,7 +271,7 @@ while True:
 
     factor = lr_factor(iter_num)
     for group in (g for opt in optimizers for g in opt.param_groups):
-        group["lr"] = group["base_lr"] * factor
+        group["lr"] = group["base_lr"] * group["lr_mult"] * factor
     step_loss = torch.zeros((), device=device, dtype=weights_dtype)
     for micro in range(accum):
         x, y = train_batch(iter_num, micro)

@@ -1,8 +1,10 @@
 """
-The paper's named variants: the flags of each (GPTConfig's and train.py's sv_weight_decay), and
-the helpers that read them. config/<name>_char.py and config/<name>_124m.py set a variant's flags,
-a grid row of study/grids.py is named after one; tests/test_variant_tables.py checks every config
-file and grid row against this table. model.py never reads it.
+The paper's named variants: the keys each sets, GPTConfig's flags (model keys) and train.py's other
+keys (training keys, config/defaults.py: sv_weight_decay, sv_decay, ...), and the helpers that read
+them. config/<name>_char.py and config/<name>_124m.py set a variant's keys (one whose flag acts in
+an MoE only: config/moe_<name>_char.py), a grid row of study/grids.py is named after one;
+tests/test_variant_tables.py checks every config file and grid row against this table. model.py
+never reads it.
 """
 UNIFIED = dict(sv_hetero=True, sv_placement="dnp", sv_reparam="or",   # paper 4
                sv_weight_decay="iwd")
@@ -33,7 +35,7 @@ VARIANTS = {
 
 def variant_of(name):
     """The named variant a config file or grid row is named after: its longest '_'-prefix in
-    VARIANTS, after a leading 'moe_' (the MoE twin); None if none."""
+    VARIANTS, after a leading 'moe_' (an MoE twin, or an MoE-only variant); None if none."""
     parts = name.removeprefix("moe_").split("_")
     return next(("_".join(parts[:i]) for i in range(len(parts), 0, -1)
                  if "_".join(parts[:i]) in VARIANTS), None)
@@ -44,16 +46,18 @@ def flag_keys():
     return ("scale_vectors", *VECTOR_FLAGS, "sv_weight_decay")
 
 
-def flags_of(cfg):
-    """{flag: value} of the variant flags (scale_vectors, model.VECTOR_FLAGS, sv_weight_decay) of
-    train.py's config (config.defaults.train_config: a config file and --key=value overrides)."""
-    return {k: cfg[k] for k in flag_keys()}
+def model_keys(flags):
+    """The model keys of a variant's flags (GPTConfig's fields); the others are training keys."""
+    from dataclasses import fields
+    from model import GPTConfig
+    return {k: v for k, v in flags.items() if k in {f.name for f in fields(GPTConfig)}}
 
 
 def named_flags(name):
-    """The variant flags of VARIANTS[name]: its entry over every flag's default (GPTConfig's, and
-    train.py's "none" for sv_weight_decay; the tests read baseline_char.py's)."""
+    """What a config file or grid row of VARIANTS[name] must set: its entry over every variant
+    flag's default (scale_vectors, model.VECTOR_FLAGS: GPTConfig's; sv_weight_decay: train.py's
+    "none", the tests read baseline_char.py's), and each training key the entry sets."""
     from dataclasses import fields
     from model import GPTConfig
     default = {f.name: f.default for f in fields(GPTConfig)} | {"sv_weight_decay": "none"}
-    return {k: VARIANTS[name].get(k, default[k]) for k in flag_keys()}
+    return {k: VARIANTS[name].get(k, default[k]) for k in flag_keys()} | VARIANTS[name]

@@ -23,15 +23,21 @@ TINY = dict(block_size=16, vocab_size=50, vocab_pad=8, n_layer=2, n_head=2, n_em
 MOE = dict(n_experts=4, n_experts_active=2, n_shared_experts=1, moe_hidden=32)
 
 
-def model_flags(flags):   # a named variant's GPTConfig flags: all but train.py's sv_weight_decay
-    return {k: v for k, v in flags.items() if k != "sv_weight_decay"}
+def accepted(kw):
+    try:
+        return bool(model_py.GPTConfig(**{**TINY, **kw}))
+    except ValueError:
+        return False
 
 
-# config/variants.py's VARIANTS, a name per distinct model (gemma_none, _iwd, _all: one), + MoE's
+# config/variants.py's VARIANTS as models (their model keys), a name per distinct model (gemma_none,
+# _iwd, _all: one), one whose flag acts in an MoE only on an MoE; + MoE's
 VARIANTS = {}
 for _name, _flags in variants.VARIANTS.items():
-    if model_flags(_flags) not in VARIANTS.values():
-        VARIANTS[_name.replace("_none", "")] = model_flags(_flags)
+    _kw = variants.model_keys(_flags)
+    _kw = _kw if accepted(_kw) else dict(MOE, moe_dense_layers=1, **_kw)
+    if _kw not in VARIANTS.values():
+        VARIANTS[_name.replace("_none", "")] = _kw
 VARIANTS["moe"] = dict(MOE, moe_dense_layers=1)
 VARIANTS["moe_unified"] = dict(MOE, **VARIANTS["unified"])
 
@@ -54,36 +60,33 @@ def flag_values(flag):
     return [default] + [v for v in values if v != default]
 
 
-def accepted(kw):
-    try:
-        return bool(model_py.GPTConfig(**{**TINY, **kw}))
-    except ValueError:
-        return False
-
-
 def models(reparam, placement):
     """(label, flags) of the tiny models of an entry of REPARAMS x PLACEMENTS that GPTConfig takes:
-    the entry alone (head tied, untied); with each value of every other VECTOR_FLAGS flag alone
-    (so each is built where it folds and exports too); with all on; as an MoE, alone and all on."""
+    the entry alone (head tied, untied); with each value of every other VECTOR_FLAGS flag alone (so
+    each is built where it folds and exports too; on an MoE where only an MoE takes it); with all
+    on; as an MoE, alone, all on, and all on beside each value that only an MoE takes."""
     others = [f for f in model_py.VECTOR_FLAGS if f not in ("sv_reparam", "sv_placement")]
-    entry = dict(sv_reparam=reparam, sv_placement=placement)
-    combos = [{}, dict(tie_embeddings=False)]
-    combos += [{f: v} for f in others for v in flag_values(f)[1:]]
-    for moe in (False, True):
-        every = dict(MOE, moe_dense_layers=1) if moe else {}
-        for i in range(max(map(len, map(flag_values, others)))):   # each flag's i-th value
+    entry, moe = dict(sv_reparam=reparam, sv_placement=placement), dict(MOE, moe_dense_layers=1)
+
+    def every(kw):   # kw, then each other flag's i-th value in turn where GPTConfig takes it
+        out = dict(kw)
+        for i in range(max(map(len, map(flag_values, others)))):
             for f in others:
                 value = flag_values(f)[min(i, len(flag_values(f)) - 1)]
-                every.update({f: value} if accepted({**entry, **every, f: value}) else {})
-        combos += [every] + ([dict(MOE, moe_dense_layers=1)] if moe else [])
+                if f not in kw and accepted({**entry, **out, f: value}):
+                    out[f] = value
+        return out
+    alone = [kw if accepted({**entry, **kw}) else dict(moe, **kw)   # only an MoE takes it
+             for kw in ({f: v} for f in others for v in flag_values(f)[1:])]
+    combos = [{}, dict(tie_embeddings=False), *alone, every({}), every(moe), moe]
+    combos += [every(kw) for kw in alone if "n_experts" in kw]
     out = []
     for kw in (dict(entry, **c) for c in combos if accepted(dict(entry, **c))):
         on = ", ".join(f"{f}={kw[f]!r}" for f in kw if f in others or f == "tie_embeddings"
                        if kw[f] != defaults()[f])
-        moe = " MoE" if "n_experts" in kw else ""
         if kw not in [k for _, k in out]:
-            out.append((f"reparam={reparam!r} placement={placement!r}{moe} "
-                        f"{on or 'other flags at default'}", kw))
+            out.append((f"reparam={reparam!r} placement={placement!r}"
+                        f"{' MoE' * ('n_experts' in kw)} {on or 'other flags at default'}", kw))
     return out
 
 
@@ -110,10 +113,12 @@ def randomize_scale_vectors(model, seed=2, names=None):
 
 
 def declared_class(model, name):
-    """A parameter's class as its module declares it: 'matrix'; for a scale vector 'sv_final'
-    (g_final), 'sv_output' (AFTER_NORM: a Norm stands between), else 'sv_input'."""
+    """A parameter's class as its module declares it: 'embedding' (the input's, an untied head's),
+    'matrix'; for a scale vector 'sv_final' (g_final), 'sv_output' (AFTER_NORM: a Norm stands
+    between), else 'sv_input'."""
     holder = model.get_submodule(name.rpartition(".")[0])
-    return ("matrix" if not isinstance(holder, model_py.ScaleVector) else "sv_final"
+    return ("embedding" if holder in (model.wte, model.head) else "matrix"
+            if not isinstance(holder, model_py.ScaleVector) else "sv_final"
             if holder is model.g_final else "sv_output"
             if holder.folds_into == model_py.AFTER_NORM else "sv_input")
 

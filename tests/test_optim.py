@@ -1,9 +1,10 @@
-"""Optimizers and learning-rate schedules of train.py, read off real runs."""
+"""Optimizers and learning-rate schedules of train.py, read off real runs (each group's decay,
+optimizer and learning rate: tests/test_variant_tables.py's check_optimizer_groups)."""
 import math
 
 import pytest
 
-from helpers import make, model_py, records, train
+from helpers import records, train
 
 WARMUP, DECAY_END, LR, MIN_LR = 4, 16, 3e-3, 3e-4
 
@@ -28,31 +29,6 @@ def test_schedule_matches_its_formula(workdir, schedule, shape):
     lrs = [r["lr"] for r in records(workdir, out, "train")]   # record `iter` i: step i - 1's lr
     assert lrs == pytest.approx([expected_lr(it, schedule, shape) for it in range(20)], rel=1e-9)
     assert schedule != "wsd" or lrs[WARMUP:12] == [LR] * (12 - WARMUP)   # the stable phase
-
-
-@pytest.mark.parametrize("kw", [{}, dict(sv_hetero=True, sv_placement="dnp", sv_reparam="or",
-                                         tie_embeddings=False)])
-def test_muon_takes_exactly_the_hidden_matrices(kw):
-    model = make(seed=0, **kw)
-    names = {id(p): n for n, p in model.named_parameters()}
-    groups = model.param_groups(0.1, "iwd", muon=True)
-    muon, adamw = (sorted(names[id(p)] for g in groups if g["optimizer"] == o for p in g["params"])
-                   for o in ("muon", "adamw"))
-    hidden = ("qkv.weight", "proj.weight", "gate_up.weight", "down.weight")
-    assert muon == sorted(n for n in names.values() if n.endswith(hidden))
-    assert all(model.get_parameter(n).dim() == 2 for n in muon)
-    assert sorted(muon + adamw) == sorted(names.values())   # the union: every parameter, once
-
-
-@pytest.mark.parametrize("policy", ["none", "iwd", "iwd_blocks", "all"])
-def test_sv_decay_sets_the_vectors_decay_apart_from_the_matrices(policy):
-    """--sv_decay (issue 33): the decayed vectors get it, matrices and embeddings keep
-    weight_decay; iwd_blocks spares g_final, the class sv_final."""
-    model, decayed = make(qk_norm=True, post_norm=True), model_py.DECAY_POLICIES[policy]
-    for g in model.param_groups(0.1, policy, sv_decay=1.0):
-        want = 0.1 if g["name"] in ("matrix", "embedding") else 1.0 if g["name"] in decayed else 0
-        assert g["weight_decay"] == want, (policy, g["name"])
-        assert g["name"] != "sv_final" or [p is model.g_final.g for p in g["params"]] == [True]
 
 
 @pytest.mark.slow
