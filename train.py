@@ -139,7 +139,7 @@ if master:   # a gain silently decayed toward 0 is the classic confound of a sca
     print(f"{'class':<10} {'optim':<6} {'tensors':>7} {'params':>12} {'lr':>8} {'decay':>6}")
     for g in (g for opt in optimizers for g in opt.param_groups):
         print(f"{g['name']:<10} {g['optimizer']:<6} {len(g['params']):>7} "
-              f"{sum(p.numel() for p in g['params']):>12,} {g['base_lr']:>8.1e} "
+              f"{sum(p.numel() for p in g['params']):>12,} {g['base_lr'] * g['lr_mult']:>8.1e} "
               f"{g['weight_decay']:>6}")
 if ckpt:   # the weights and the moments; this run's config keeps its own lr, decay, betas
     checkpoint.restore(raw_model, optimizers, ckpt, ckpt_path)

@@ -133,7 +133,7 @@ def train(name):
         progress = max(it - warmup, 0) / max(args.max_iters - warmup, 1)
         factor = min((it + 1) / warmup, 0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
         for group in (g for opt in opts for g in opt.param_groups):
-            group["lr"] = group["base_lr"] * factor
+            group["lr"] = group["base_lr"] * group["lr_mult"] * factor
         rng = np.random.default_rng([args.seed, it])
         x, y = rows(train_split, rng.integers(0, len(train_split) - SIZE["block_size"] - 1,
                                               size=args.batch_size), SIZE["block_size"])
