@@ -22,8 +22,7 @@ def close(a, b, rel=1e-5):   # float32 sums in another order: 1e-5 of the larges
 
 
 def expert_fn(moe, e, x):
-    """Routed expert e on x from the raw parameters: down(silu(gate) * up), each branch W_b (v_b *
-    x), times u_b under DP, u_b * Norm(.) under DNP (rows 2e, 2e + 1 of the experts' vectors)."""
+    """Expert e by hand: down(silu(gate) up), branch b = u_b [Norm](W_b (v_b x)) (rows 2e, 2e+1)."""
     h, ex = moe.down.size(-1), moe.experts
     W = ex.weight[e].view(2, h, -1)
     g_in = (ex.g_in()[2 * e : 2 * e + 2] if ex.g_in is not None
@@ -66,7 +65,6 @@ def test_topk_gates_and_exactly_k_experts_per_token_and_top1_gates_learn(variant
     assert all(len(set(row.tolist())) == 3 for row in ids)
     assert not torch.equal(ids.sort(-1).values, scores.topk(3)[1].sort(-1).values)   # bias chose
     # ... but the gates are the unbiased scores of the chosen experts, renormalized to sum to 1
-    assert torch.allclose(gates.sum(-1), torch.ones(48))
     assert torch.allclose(gates, scores.gather(-1, ids) / scores.gather(-1, ids).sum(-1, True))
     out = moe.train()(x)   # every token is the gate-weighted sum of exactly its k experts
     ref = torch.stack([sum(gates[n, j] * expert_fn(moe, int(ids[n, j]), x[n]) for j in range(3))
@@ -81,19 +79,17 @@ def test_topk_gates_and_exactly_k_experts_per_token_and_top1_gates_learn(variant
     assert moe.router.weight.grad.abs().max() > 0
 
 
-@pytest.mark.parametrize("name, dev", [
-    ("baseline", "cpu"), ("unified", "cpu"), ("dp", "cpu"),
-    pytest.param("unified", "cuda", id="unified-on_cuda", marks=pytest.mark.skipif(   # -k on_cuda
-        not torch.cuda.is_available(), reason="CUDA's grouped GEMM needs a GPU"))])
-def test_loop_and_grouped_paths_agree(name, dev):
-    """Both dispatch paths agree, forward and backward, an expert left with no token by the bias
-    (an empty group): on CPU in fp32, on CUDA in bf16 at a GPU's size."""
+@pytest.mark.parametrize("dev", ["cpu", pytest.param("cuda", id="on_cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="CUDA's grouped GEMM needs a GPU"))])   # -k on_cuda
+def test_loop_and_grouped_paths_agree_with_an_empty_group(dev):
+    """Every entry's paths agree in test_variant_tables; here an expert the bias leaves no token,
+    and CUDA's grouped GEMM in bf16 at a GPU's size."""
     # fp32: sums in another order (1e-5); bf16 (8-bit mantissa): 2e-2 of an output, 5e-2 of a grad
     size, x, out_rel, grad_rel, dtype = (
         (dict(n_experts=6), inputs(), 1e-5, 1e-5, None) if dev == "cpu" else
         (dict(n_experts=8, n_embd=64, moe_hidden=64), inputs(N=512, d=64), 2e-2, 5e-2,
          torch.bfloat16))
-    gpt, moe = moe_layer(**VARIANTS[name], **size)
+    gpt, moe = moe_layer(**VARIANTS["unified"], **size)
     randomize_scale_vectors(gpt)
     moe.to(dev).train().expert_bias[2] = -10.0   # expert 2 gets no token
     results = []
@@ -160,8 +156,7 @@ def test_an_moe_model_of_the_unified_strategy_trains(workdir):
 
 @pytest.mark.slow
 def test_ddp_with_experts_that_get_no_token(workdir):
-    """16 tokens per process and micro-step, 32 experts, top-1: half or more get no token in each
-    layer and step; DDP neither fails nor hangs; 2 processes match 1 accumulating."""
+    """32 experts, top-1, 16 tokens a micro-step: DDP neither fails nor hangs, and matches 1."""
     common = ["--max_iters=3", "--eval_interval=3", "--gradient_accumulation_steps=2",
               "--batch_size=1", "--n_experts=32", "--n_experts_active=1", "--n_shared_experts=1"]
     train(workdir, "--out_dir=out_moe_single", *common)
