@@ -80,13 +80,11 @@ def test_config_errors_name_the_field(monkeypatch):
     head = "sv_dnp_width='head' .* needs sv_placement='dnp'"
     moe = [dict(n_experts=4, n_experts_active=5), dict(n_experts=4, moe_bias_rate=-1.0),
            dict(n_experts=4, moe_dense_layers=12), dict(n_experts=-1)]
-    cases = [(dict(sv_placement="post"), "sv_placement"), (dict(sv_reparam="exp"), "sv_reparam"),
-             (dict(scale_vectors=False, sv_hetero=True), "sv_hetero=True needs scale_vectors=True"),
+    cases = [(dict(scale_vectors=False, sv_hetero=True), "sv_hetero=True needs scale_vectors=True"),
              (dict(qk_norm=True, sv_placement="dnp"), "redundant"),
              # the width, through the placement table: dnp_novec has DNP's Norm only
-             (dict(sv_dnp_width="head", sv_placement="dp"), head),
-             (dict(sv_dnp_width="head", sv_placement="dnp_novec"), head),
-             (dict(sv_dnp_width="quarter", sv_placement="dnp"),
+             *[(dict(sv_dnp_width="head", sv_placement=p), head) for p in ("dp", "dnp_novec")],
+             (dict(sv_dnp_width="quarter", sv_placement="dnp"),   # a table's choices, listed
               "sv_dnp_width must be one of 'full', 'head'")]
     for kw, match in cases + [(kw, list(kw)[-1]) for kw in moe]:   # MoE: names the field set last
         with pytest.raises(ValueError, match=match):
@@ -118,21 +116,6 @@ def test_scale_vector_preconditions_columns():
     # the first-order law holds within 1e-2 at lr = 1e-4; plain SGD (delta = G) does not
     tol = dict(rtol=1e-2, atol=1e-2 * G.abs().max().item())
     assert torch.allclose(delta, predicted, **tol) and not torch.allclose(delta, G, **tol)
-
-
-def test_the_vector_stats_name_each_branch_and_expert_and_without_vectors_no_g_to_correlate():
-    stats = telemetry.vector_stats(make(**VARIANTS["unified"], **MOE, moe_dense_layers=1))
-    assert {"blocks.0.attn.qkv.g_in.q", "blocks.0.attn.qkv.g_in.k", "blocks.0.attn.qkv.g_in.v",
-            "blocks.0.mlp.gate_up.g_out.up", "g_final", "blocks.1.mlp.router.g_in",
-            "blocks.1.mlp.experts.g_in.3.gate", "blocks.1.mlp.experts.g_out.0.up",
-            "blocks.1.mlp.shared.gate_up.g_in.up"} <= set(stats)
-    assert all(abs(x - 1) < 1e-5 for mean_lo_hi in stats.values() for x in mean_lo_hi)
-    model = make(scale_vectors=False, qk_norm=True, post_norm=True)   # the norms stay, param-free
-    assert all(p.dim() == 2 for p in model.parameters())   # no vector (a ScaleVector holds one)
-    stats = telemetry.preconditioning(model, telemetry.fed_maps(model))
-    assert set(stats) == {f"blocks.{i}.{m}" for i in range(2)
-                          for m in ("attn.qkv", "mlp.gate_up")} | {"head"}
-    assert all(s[k] is None for s in stats.values() for k in ("corr_w", "update_exp", "adamw_exp"))
 
 
 def test_the_initial_weights_are_pinned_and_follow_the_role():
@@ -225,11 +208,23 @@ def spread_qkv_vector(frozen_g=False):
     return model, qkv
 
 
-def test_preconditioning_reads_constructed_maps_exactly():
-    """study/README.md "Preconditioning, measured", on columns of one norm and g spread: the
-    exponents exactly; fed_maps copies g, or the record would leave W diag(dg) out of the step.
-    AdamW's first step moves W by +-lr: g fixed, the folded column by lr g_j (exponents 1, 1),
-    SGD's by g_j^2 (2); if g trains, W diag(dg) moves them by over 10x the 1e-4 tolerance."""
+def test_the_telemetry_names_each_vector_and_reads_constructed_maps_exactly():
+    """A record per branch and expert, none to correlate without vectors; study/README.md
+    "Preconditioning, measured" on columns of one norm and g spread: exponents exact; fed_maps
+    copies g, or W diag(dg) would leave the step. AdamW's first step moves W by +-lr: g fixed, the
+    folded column by lr g_j (exponents 1, 1), SGD's by g_j^2 (2); g trained: 10x 1e-4 off."""
+    stats = telemetry.vector_stats(make(**VARIANTS["unified"], **MOE, moe_dense_layers=1))
+    assert {"blocks.0.attn.qkv.g_in.q", "blocks.0.attn.qkv.g_in.k", "blocks.0.attn.qkv.g_in.v",
+            "blocks.0.mlp.gate_up.g_out.up", "g_final", "blocks.1.mlp.router.g_in",
+            "blocks.1.mlp.experts.g_in.3.gate", "blocks.1.mlp.experts.g_out.0.up",
+            "blocks.1.mlp.shared.gate_up.g_in.up"} <= set(stats)
+    assert all(abs(x - 1) < 1e-5 for mean_lo_hi in stats.values() for x in mean_lo_hi)
+    model = make(scale_vectors=False, qk_norm=True, post_norm=True)   # the norms stay, param-free
+    assert all(p.dim() == 2 for p in model.parameters())   # no vector (a ScaleVector holds one)
+    stats = telemetry.preconditioning(model, telemetry.fed_maps(model))
+    assert set(stats) == {f"blocks.{i}.{m}" for i in range(2)
+                          for m in ("attn.qkv", "mlp.gate_up")} | {"head"}
+    assert all(s[k] is None for s in stats.values() for k in ("corr_w", "update_exp", "adamw_exp"))
     model, qkv = spread_qkv_vector()
     g, before = qkv.g_in.g.detach().clone().view(-1), telemetry.fed_maps(model)
     stats = telemetry.preconditioning(model)["blocks.0.attn.qkv"]
