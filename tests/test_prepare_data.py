@@ -31,11 +31,6 @@ def read_set(d):   # meta.json, as every tool's load_meta checks it, and the bin
     return (dataset.load_meta(d), *bins)
 
 
-def stream_of(docs, tokenizer="gpt2"):   # what fineweb_edu must write: EOT, a document, EOT...
-    encode = tok.get_tokenizer({"tokenizer": tokenizer})[0]
-    return [t for d in docs for t in [256 if tokenizer == "byte" else tok.EOT, *encode(d)]]
-
-
 def test_the_tokenizers(tmp_path):
     gpt2, char, byte = (tok.get_tokenizer({"tokenizer": t, "chars": "ab"})
                         for t in ("gpt2", "char", "byte"))
@@ -113,6 +108,9 @@ def test_a_set_is_prepared_again_only_when_needed_and_never_lost(tmp_path, monke
 @pytest.mark.parametrize("source", ["hub", "parquet"])
 def test_fineweb_edu_gives_the_tokens_of_its_documents(tmp_path, monkeypatch, capsys, source):
     docs = [f"Document {i}: " + TEXT[i * 7:i * 7 + 50 + i] for i in range(40)]   # non-ASCII too
+    encode = {t: tok.get_tokenizer({"tokenizer": t})[0] for t in ("gpt2", "byte")}
+    stream_of = lambda docs, t="gpt2": [x for d in docs for x in [   # EOT, a document, EOT...
+        tok.BYTE_EOT if t == "byte" else tok.EOT, *encode[t](d)]]
     args = ["fineweb_edu", "--num_tokens", "600", "--processes", "2", "--out_dir",
             str(tmp_path / "fw")]
     if source == "hub":
