@@ -1,5 +1,4 @@
-"""The model: shapes, size, causality, init, generation, single variants' exact properties (DNP,
-OR's eps), folding, telemetry. What holds for every variant: test_variant_tables.py."""
+"""The model's shapes, sizes, init, single variants' formulas, telemetry (all: variant tables)."""
 import hashlib
 import inspect
 import math

@@ -1,5 +1,4 @@
-"""bench.py: its figures follow from the times it measured (a fake clock); configurations side by
-side; what it would ignore is refused in one sentence."""
+"""bench.py: figures from the times measured (a fake clock), side by side; refusals one sentence."""
 import json
 import os
 import types

@@ -1,5 +1,4 @@
-"""export_hf.py: its files compute the model's logits (helpers.llama_forward; transformers where
-installed); a refusal is one sentence; it writes only its folder. Each table entry: last test."""
+"""export_hf.py: its files compute the model's logits; a refusal: one sentence, nothing changed."""
 import errno
 import json
 import math
@@ -35,8 +34,7 @@ def files():   # every file under the test's folder, and its bytes
 
 
 def write_run(tokenizer="char", **flags):
-    """out/ as train.py leaves it (its vocabulary recorded); vectors far from 1,
-    logits of order 10: a wrong fold or RoPE layout moves them by far more than 1e-4."""
+    """out/ as train.py leaves it; vectors far from 1, logits of order 10: a wrong export shows."""
     cfg = model_py.GPTConfig(**{**TINY, **flags})
     model, gen = model_py.GPT(cfg).eval(), torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -72,12 +70,10 @@ def test_the_export_computes_the_models_logits(arch, flags, tokenizer, written, 
     assert sorted(os.listdir("hf")) == sorted([
         "config.json", "export_hf.json", "model.safetensors",
         *["merges.txt", "tokenizer_config.json", "vocab.json"] * (tokenizer == "gpt2")])
-    config = json.load(open("hf/config.json"))
-    state = safetensors.load_file("hf/model.safetensors")
+    config, state = json.load(open("hf/config.json")), safetensors.load_file("hf/model.safetensors")
     assert ("lm_head.weight" in state) != tied and len(state["model.embed_tokens.weight"]) == V
     idx = torch.randint(V, (2, 64), generator=torch.Generator().manual_seed(1))
-    ours = model(idx)[0].detach()
-    assert ours.abs().max() > 10   # logits of a size where a wrong export shows
+    assert (ours := model(idx)[0].detach()).abs().max() > 10   # where a wrong export shows
     # llama_forward in float64 against our float32: 1e-4 (measured: 1.2e-5)
     assert (llama_forward(config, state, idx) - ours).abs().max() < 1e-4
     # it sees a wrong export: q, k in model.py's RoPE layout, no q/k norms, no DP g_out

@@ -1,5 +1,4 @@
-"""gpu_check.py: each verdict on what its commands print (run faked), SIGTERM, and the whole once
-on the CPU (a bad --key is configurator's: test_configurator.py)."""
+"""gpu_check.py: each verdict on what its commands print (run faked), SIGTERM, the whole on CPU."""
 import json
 import os
 import signal

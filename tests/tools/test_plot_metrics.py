@@ -1,5 +1,4 @@
-"""plot_metrics.py: a PNG of the gap between runs drawn where it can be read, markers on lines of
-few points, a legend of the kinds of vector; a record train.py did not write is one sentence."""
+"""plot_metrics.py: gaps drawn where they can be read, markers, a legend; bad records: sentences."""
 import json
 
 import pytest
