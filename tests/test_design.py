@@ -1,5 +1,5 @@
-"""Statements DESIGN.md makes about the model that are not a variant's formula: where weight decay
-can act inside the unified strategy, and how far DNP's Norm reaches over the shared experts."""
+"""DESIGN.md's claims beyond a variant's formula: where weight decay can act inside the unified
+strategy (DNP's Norm over both shared experts: test_model's DNP formula test)."""
 import pytest
 import torch
 
@@ -36,17 +36,3 @@ def test_under_dnp_the_input_norm_vectors_are_scale_invariant_but_g_final_is_not
         model.g_final.beta.mul_(3.0)
     assert (model(tokens())[0] - logits).abs().max() > 1e-2
 
-
-def test_dnp_norm_spans_all_shared_experts_together():
-    """DESIGN.md, Mixture of Experts: two shared experts are one SwiGLU, one Norm per branch."""
-    model = make(sv_placement="dnp", **{**MOE, "n_shared_experts": 2})
-    randomize_scale_vectors(model)
-    shared = model.blocks[0].mlp.shared.gate_up
-    h2 = 2 * MOE["moe_hidden"]                       # two shared experts' units per branch
-    xn = torch.randn(3, 32, generator=torch.Generator().manual_seed(5))
-    W = shared.effective_weight(torch.ones(1, 32)).view(2, h2, 32)   # (gate|up, 2h, d)
-    g_out, eps = shared.g_out().view(2, h2), model.config.norm_eps
-    for b in range(2):
-        y = xn @ W[b].T                              # (3, 2h): both experts' units of one branch
-        expected = g_out[b] * y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps)
-        torch.testing.assert_close(shared(xn, torch.ones(1, 32))[:, b * h2:(b + 1) * h2], expected)
