@@ -111,8 +111,7 @@ def test_fineweb_edu_gives_the_tokens_of_its_documents(tmp_path, monkeypatch, ca
     encode = {t: tok.get_tokenizer({"tokenizer": t})[0] for t in ("gpt2", "byte")}
     stream_of = lambda docs, t="gpt2": [x for d in docs for x in [   # EOT, a document, EOT...
         tok.BYTE_EOT if t == "byte" else tok.EOT, *encode[t](d)]]
-    args = ["fineweb_edu", "--num_tokens", "600", "--processes", "2", "--out_dir",
-            str(tmp_path / "fw")]
+    args = ["fineweb_edu", "--num_tokens=600", "--processes=2", f"--out_dir={tmp_path / 'fw'}"]
     if source == "hub":
         offline = mock.Mock(**{"load_dataset.side_effect": ConnectionError("no huggingface.co\n.")})
         for module, words in ((None, "needs the optional `datasets` package: pip install datasets"),
