@@ -55,8 +55,7 @@ def write_run(tokenizer="char", **flags):
     ("Qwen3", dict(qk_norm=True, sv_hetero=True, sv_placement="dp", sv_reparam="er",
                    tie_embeddings=False), "char", "none written (a char-level"),
     ("Llama", dict(vocab_size=257), "byte", "none written (byte-level")])
-def test_the_export_computes_the_models_logits(arch, flags, tokenizer, written, monkeypatch,
-                                               capsys):
+def test_the_export_gives_the_models_logits(arch, flags, tokenizer, written, monkeypatch, capsys):
     safetensors = pytest.importorskip("safetensors.torch")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     model = write_run(tokenizer, **flags)
@@ -111,8 +110,7 @@ def test_the_export_computes_the_models_logits(arch, flags, tokenizer, written, 
     ("", "theirs", "--to=theirs holds config.json but no export_hf.json, the mark of an export"),
     ("", "out/latest/x", "--to=out/latest/x is inside"), ("", "link", "--to=link is a"),
     ("nan logits", "hf", "the export's logits differ from the checkpoint's by nan")])
-def test_what_cannot_be_exported_is_one_sentence_and_changes_nothing(case, to, message,
-                                                                     monkeypatch):
+def test_what_cannot_be_exported_is_one_sentence_changing_nothing(case, to, message, monkeypatch):
     write_run(**(VARIANTS["unified"] if case == "unified" else {}))
     os.mkdir("theirs")   # someone's file
     Path("theirs/config.json").write_text("mine")
@@ -128,8 +126,7 @@ def test_what_cannot_be_exported_is_one_sentence_and_changes_nothing(case, to, m
 
 
 @pytest.mark.parametrize("entry", entries(), ids="-".join)   # models: as helpers builds them
-def test_every_entry_of_the_tables_exports_its_logits_or_is_refused_in_one_sentence(entry,
-                                                                                    monkeypatch):
+def test_every_table_entry_exports_its_logits_or_is_refused_in_one_sentence(entry, monkeypatch):
     """Refused only for what Llama has not (a vector after a Norm but Qwen3's q/k norms, DNP,
     post_norm, an MoE FFN); a copy of the placement under a new name alike (README "Forking")."""
     monkeypatch.setitem(model_py.PLACEMENTS, "copy", model_py.PLACEMENTS[entry[1]])

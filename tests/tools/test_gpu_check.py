@@ -44,8 +44,7 @@ def test_the_cuda_tests_compile_and_speed_pass_only_on_what_they_should(monkeypa
     (0, {5: 2**-40}, False, "differ, max |diff| 9.095e-13"),     # 1e-12 off is a FAIL
     (0, {6: None}, False, "train records past iteration 4: reference has [5, 6], resumed run"),
     (1, {}, False, "the 6-step run failed: the last line")])
-def test_resume_passes_only_bit_for_bit_and_removes_its_runs(rc, resumed, verdict, words,
-                                                             tmp_path, monkeypatch):
+def test_resume_bit_for_bit_and_no_run_left(rc, resumed, verdict, words, tmp_path, monkeypatch):
     def train(cmd, cwd):   # train.py's records in --out_dir, the resumed run's changed
         out = next(a[10:] for a in cmd if a.startswith("--out_dir="))
         change = resumed if "--init_from=resume" in cmd else {}

@@ -32,8 +32,7 @@ def test_runs_show_the_gap_the_last_half_and_markers_on_few_points(tmp_path, mon
     assert gap.get_ydata() == pytest.approx([-0.04] * 3, abs=1e-12)   # float rounding only
     assert [list(line.get_xdata()) for line in panels["val loss, last half"].lines] == [
         [500, 750, 1000], [500, 1000], []]
-    assert [line.get_marker() for line in panels["loss"].lines] == ["None", "o", "None", "o",
-                                                                   "o", "o"]
+    assert [line.get_marker() for line in panels["loss"].lines] == ["None", "o"] * 2 + ["o"] * 2
     vectors = panels["c: 3 scale vectors"]   # the dash: a legend of kinds; g_final its own
     assert [t.get_text() for t in vectors.get_legend().get_texts()] == ["attn.qkv.g_in", "g_final"]
     plot_metrics.main([str(c), f"--out={tmp_path / 'c.png'}"])   # one run: nothing to compare
@@ -46,8 +45,7 @@ def test_runs_show_the_gap_the_last_half_and_markers_on_few_points(tmp_path, mon
     ({"kind": "eval", "val_loss": 3.0, "scale_vectors": {}}, "it has no 'iter'"),
     ({"kind": "eval", "iter": 9, "val_loss": 3.0}, "it has no 'scale_vectors'"),
     (None, "holds no record in metrics.jsonl")])   # an empty folder
-def test_a_record_train_py_did_not_write_is_one_sentence_naming_file_and_line(tmp_path, record,
-                                                                             why):
+def test_a_foreign_record_is_one_sentence_naming_file_and_line(tmp_path, record, why):
     folder = run(tmp_path / "r", evals=[0], steps=3, extra=[record]) if record else tmp_path
     with pytest.raises(SystemExit) as e:
         plot_metrics.main([str(folder)])
