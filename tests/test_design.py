@@ -1,5 +1,4 @@
-"""DESIGN.md's claims beyond a variant's formula: where weight decay can act inside the unified
-strategy (DNP's Norm over both shared experts: test_model's DNP formula test)."""
+"""DESIGN.md: where weight decay can act in the unified strategy (shared experts: test_model)."""
 import pytest
 import torch
 

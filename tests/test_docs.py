@@ -1,5 +1,4 @@
-"""A stale command of the docs fails here: each `python`/`torchrun` line of README.md and
-study/README.md names a script or module that answers --help, existing configs, keys it lists."""
+"""The READMEs' `python`/`torchrun` lines: configs exist, --help lists each key they pass."""
 import os
 import re
 import runpy

@@ -102,8 +102,7 @@ def test_scale_vector_preconditions_columns():
     lin = ScaledLinear(8, 6, GPTConfig(**TINY))
     torch.nn.init.normal_(lin.weight)
     W, z, target = lin.weight.detach().clone(), torch.randn(5, 8), torch.randn(5, 6)
-    W_eff = lin.effective_weight()
-    W_eff.retain_grad()
+    (W_eff := lin.effective_weight()).retain_grad()
     ((torch.nn.functional.linear(z, W_eff) - target) ** 2).sum().backward()
     G, lr = W_eff.grad, 1e-4   # the gradient with respect to the effective weight
     with torch.no_grad():
@@ -194,8 +193,7 @@ def test_folding_keeps_dtype_and_device_draws_no_random_number_and_refuses_what_
         model.fold_scale_vectors()
 
 
-def spread_qkv_vector(frozen_g=False):
-    """Layer 0's g_attn set to 0.5 ... 2 and W's q, k, v columns to norm 1: ||W'_j|| is g_j."""
+def spread_qkv_vector(frozen_g=False):   # g_attn 0.5 ... 2, W's columns of norm 1: ||W'_j|| = g_j
     model = make()
     qkv = model.blocks[0].attn.qkv
     with torch.no_grad():

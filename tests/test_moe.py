@@ -66,10 +66,9 @@ def test_topk_gates_and_exactly_k_experts_per_token_and_top1_gates_learn(variant
     assert not torch.equal(ids.sort(-1).values, scores.topk(3)[1].sort(-1).values)   # bias chose
     # ... but the gates are the unbiased scores of the chosen experts, renormalized to sum to 1
     assert torch.allclose(gates, scores.gather(-1, ids) / scores.gather(-1, ids).sum(-1, True))
-    out = moe.train()(x)   # every token is the gate-weighted sum of exactly its k experts
     ref = torch.stack([sum(gates[n, j] * expert_fn(moe, int(ids[n, j]), x[n]) for j in range(3))
-                       for n in range(48)])
-    assert close(out, ref)
+                       for n in range(48)])   # each token: the gate-weighted sum of its k experts
+    assert close(moe.train()(x), ref)
     assert torch.equal(moe.load, torch.bincount(ids.flatten(), minlength=8).float())   # 48 x 3
     # top-1 keeps the router's score as the gate (not 1), so the router learns
     gpt, moe = moe_layer(n_experts=4, n_experts_active=1)

@@ -1,5 +1,4 @@
-"""sample.py: the streamed text is generate's, its header names the weights' evaluation, bad input
-is one sentence, Ctrl-C or a closed pipe ends it quietly."""
+"""sample.py: generate's text streamed after its evaluation; faults one sentence; Ctrl-C quiet."""
 import json
 import os
 import shutil

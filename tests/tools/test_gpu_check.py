@@ -64,8 +64,7 @@ def test_resume_bit_for_bit_and_no_run_left(rc, resumed, verdict, words, tmp_pat
 
 
 def test_a_sigterm_ends_the_running_child_and_removes_the_work_folder(tmp_path, monkeypatch):
-    """The child ends and its work folder (4.2 GB on a GPU) goes."""
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))   # the work folder: 4.2 GB on a GPU
     monkeypatch.setattr(gpu_check, "prepare_shakespeare", lambda workdir: None)
     child = "import os, signal, time; os.kill(os.getppid(), signal.SIGTERM); time.sleep(60)"
     monkeypatch.setattr(gpu_check, "checks", lambda workdir, device: [   # a stop as a FAIL: 1

@@ -8,8 +8,7 @@ from tools import plot_metrics
 SV = {"blocks.0.attn.qkv.g_in": [1.1, 0.9], "blocks.1.attn.qkv.g_in": [1.2, 1], "g_final": [1, 1]}
 
 
-def run(folder, evals, steps, val=lambda i: 3 - i / 1000, extra=()):
-    """A run's folder as train.py leaves it: its train and eval records in metrics.jsonl."""
+def run(folder, evals, steps, val=lambda i: 3 - i / 1000, extra=()):   # as train.py leaves it
     folder.mkdir(parents=True)
     lines = [{"kind": "train", "iter": i, "loss": 4 - i / 100} for i in range(1, steps + 1)] + [
         {"kind": "eval", "iter": i, "val_loss": val(i), "scale_vectors": SV} for i in evals]
