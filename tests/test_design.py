@@ -1,5 +1,4 @@
-"""Statements DESIGN.md makes about the model that are not a variant's formula: where weight decay
-can act inside the unified strategy, and how far DNP's Norm reaches over the shared experts."""
+"""DESIGN.md: where weight decay can act in the unified strategy (shared experts: test_model)."""
 import pytest
 import torch
 
@@ -16,10 +15,8 @@ def logits_and_matrix_grads(model):
 
 @pytest.mark.parametrize("moe", [False, True])
 def test_under_dnp_the_input_norm_vectors_are_scale_invariant_but_g_final_is_not(moe):
-    """DESIGN.md, "Where IWD can act inside the unified strategy": Norm(W(c g x)) = Norm(W(g x)),
-    so scaling every g_in that DNP's maps see (OR's beta) changes neither the logits nor any
-    matrix's gradient (float64, eps -> 0); scaling g_final, which the head sees without a Norm
-    after it, changes the logits."""
+    """DESIGN.md, "Where IWD can act inside the unified strategy": Norm(W(c g x)) = Norm(W(g x));
+    the head sees g_final with no Norm after it."""
     model = make(**VARIANTS["unified"], **(MOE if moe else {}), norm_eps=1e-30).double()
     randomize_scale_vectors(model)
     logits, grads = logits_and_matrix_grads(model)
@@ -38,19 +35,3 @@ def test_under_dnp_the_input_norm_vectors_are_scale_invariant_but_g_final_is_not
         model.g_final.beta.mul_(3.0)
     assert (model(tokens())[0] - logits).abs().max() > 1e-2
 
-
-def test_dnp_norm_spans_all_shared_experts_together():
-    """DESIGN.md, Mixture of Experts: two shared experts are one fused SwiGLU, so DNP's Norm on
-    gate (and on up) runs over both experts' units at once."""
-    model = make(sv_placement="dnp", **{**MOE, "n_shared_experts": 2})
-    randomize_scale_vectors(model)
-    shared = model.blocks[0].mlp.shared.gate_up
-    h2 = 2 * MOE["moe_hidden"]                       # two shared experts' units per branch
-    xn = torch.randn(3, 32, generator=torch.Generator().manual_seed(5))
-    W = shared.effective_weight(torch.ones(1, 32)).view(2, h2, 32)   # (gate|up, 2h, d)
-    g_out = shared.g_out().view(2, h2)
-    eps = model.config.norm_eps
-    for b in range(2):
-        y = xn @ W[b].T                              # (3, 2h): both experts' units of one branch
-        expected = g_out[b] * y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps)
-        torch.testing.assert_close(shared(xn, torch.ones(1, 32))[:, b * h2:(b + 1) * h2], expected)

@@ -1,6 +1,4 @@
-"""The commands the docs show still exist: each `python ...` and `torchrun ...` line in a code
-block of README.md and study/README.md names a script or module that answers --help, each config
-file it names exists, each --key it passes is in its --help: a stale command fails here."""
+"""The READMEs' `python`/`torchrun` lines: configs exist, --help lists each key they pass."""
 import os
 import re
 import runpy
@@ -24,7 +22,6 @@ def test_a_command_of_the_docs_exists_with_the_keys_it_passes(monkeypatch, capsy
     configs = [a for a in args if a.startswith("config/")]
     for path in configs + ([name] if kind == "script" else []):
         assert os.path.isfile(os.path.join(ROOT, path)), f"{doc}: {path} does not exist"
-    # its --help, run in this process from the repository's root
     monkeypatch.setattr(sys, "argv", [name, *configs, "--help"])
     monkeypatch.chdir(ROOT)
     with pytest.raises(SystemExit) as e:

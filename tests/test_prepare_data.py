@@ -31,11 +31,6 @@ def read_set(d):   # meta.json, as every tool's load_meta checks it, and the bin
     return (dataset.load_meta(d), *bins)
 
 
-def stream_of(docs, tokenizer="gpt2"):   # what fineweb_edu must write: EOT, a document, EOT...
-    encode = tok.get_tokenizer({"tokenizer": tokenizer})[0]
-    return [t for d in docs for t in [256 if tokenizer == "byte" else tok.EOT, *encode(d)]]
-
-
 def test_the_tokenizers(tmp_path):
     gpt2, char, byte = (tok.get_tokenizer({"tokenizer": t, "chars": "ab"})
                         for t in ("gpt2", "char", "byte"))
@@ -113,8 +108,10 @@ def test_a_set_is_prepared_again_only_when_needed_and_never_lost(tmp_path, monke
 @pytest.mark.parametrize("source", ["hub", "parquet"])
 def test_fineweb_edu_gives_the_tokens_of_its_documents(tmp_path, monkeypatch, capsys, source):
     docs = [f"Document {i}: " + TEXT[i * 7:i * 7 + 50 + i] for i in range(40)]   # non-ASCII too
-    args = ["fineweb_edu", "--num_tokens", "600", "--processes", "2", "--out_dir",
-            str(tmp_path / "fw")]
+    encode = {t: tok.get_tokenizer({"tokenizer": t})[0] for t in ("gpt2", "byte")}
+    stream_of = lambda docs, t="gpt2": [x for d in docs for x in [   # EOT, a document, EOT...
+        tok.BYTE_EOT if t == "byte" else tok.EOT, *encode[t](d)]]
+    args = ["fineweb_edu", "--num_tokens=600", "--processes=2", f"--out_dir={tmp_path / 'fw'}"]
     if source == "hub":
         offline = mock.Mock(**{"load_dataset.side_effect": ConnectionError("no huggingface.co\n.")})
         for module, words in ((None, "needs the optional `datasets` package: pip install datasets"),
@@ -164,10 +161,9 @@ def test_fineweb_edu_gives_the_tokens_of_its_documents(tmp_path, monkeypatch, ca
     *[({}, ["fineweb_edu", f, v], f"{f}: {v!r} is not a") for f, v in (
         ("--num_tokens", "inf"), ("--val_tokens", "1.5"), ("--processes", "x"))],
     ({}, [*FW, "none/*.parquet"], "'none/*.parquet' matches no file: give a glob"),
-    ({"a.parquet": b"x"}, PQ, "could not read the local files (a.parquet...)"),
+    ({"a.parquet": b"x"}, PQ, "could not read the local files (a.parquet...)"),   # not parquet
     ({"a.parquet": [{"body": "a"}]}, PQ, "(a.parquet...): KeyError: 'text'"),
-    ({"a.parquet": [{"text": "a"}, {"text": None}]}, PQ, "1 of the source is NoneType"),
-    ({"a.parquet": [{"text": 7}]}, PQ, "document 0 of the source is int '7', not text"),
+    ({"a.parquet": [{"text": "a"}, {"text": None}]}, PQ, "1 of the source is NoneType 'None', not"),
     ({"a.parquet": [{"text": "tiny"}]}, [*PQ, "--val_tokens", "50"],
      "the train split would hold 0 token(s), fewer than the 3 a training sequence needs"),
     ({"tinyshakespeare.txt": b"#" + prepare_data.SHAKESPEARE.read_bytes()[1:]},
@@ -195,13 +191,11 @@ def test_bad_input_is_one_sentence(tmp_path, monkeypatch, capsys, files, args, w
     ("shakespeare_char", None, "directory, CWD): run `python prepare_data.py shakespeare_char`"),
     ("mybook", None, "CWD): run `python prepare_data.py text --input FILE --name mybook`"),
     ("a" * 256, None, "(meta.json missing;"),   # too long a name: not prepared, no OSError
-    ("x", {"vocab_size": "65"}, "has vocab_size='65', not a whole number from 1 to 65536"),
-    ("x", {"vocab_size": True}, "has vocab_size=True"), ("x", {"vocab_size": 70000}, "=70000"),
+    ("x", {"vocab_size": True}, "has vocab_size=True, not a whole number from 1 to 65536"),
+    ("x", {"vocab_size": 70000}, "=70000"), ("x", {"tokenizer": "gpt2"}, "=3, not 50257"),
     ("x", {"chars": None}, "has no 'chars' string of vocab_size=3 distinct characters"),
     ("x", {"chars": "abcd"}, "no 'chars'"), ("x", {"chars": "aab"}, "distinct characters"),
-    ("x", {"tokenizer": "bpe"}, "names no tokenizer of char, gpt2, byte"),
-    ("x", {"tokenizer": "gpt2"}, "has vocab_size=3, not 50257"),
-    ("x", {"tokenizer": "byte"}, "has vocab_size=3, not 257")])
+    ("x", {"tokenizer": "bpe"}, "names no tokenizer of char, gpt2, byte")])
 def test_a_missing_or_bad_set_is_one_sentence(tmp_path, monkeypatch, name, change, words):
     monkeypatch.chdir(tmp_path)
     if change is not None:

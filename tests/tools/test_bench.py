@@ -1,5 +1,4 @@
-"""bench.py: its figures follow from the times it measured (a fake clock); configurations side by
-side; what it would ignore is refused in one sentence."""
+"""bench.py: figures from the times measured (a fake clock), side by side; refusals one sentence."""
 import json
 import os
 import types
@@ -16,12 +15,9 @@ TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_
         "--dataset=none"]
 
 
-def clock():   # perf_counter: the warmup's start and end, then each step's: 30, 10, 20 ms
-    return types.SimpleNamespace(perf_counter=iter([0, 0.5, 1, 1.03, 2, 2.01, 3, 3.02]).__next__)
-
-
 def test_the_figures_follow_from_the_measured_times(monkeypatch, capsys):
-    monkeypatch.setattr(bench_py, "time", clock())
+    ticks = [0, 0.5, 1, 1.03, 2, 2.01, 3, 3.02]   # perf_counter: the warmup, steps of 30, 10, 20 ms
+    monkeypatch.setattr(bench_py, "time", types.SimpleNamespace(perf_counter=iter(ticks).__next__))
     bench_py.main([*TINY, "--json=True", "--mfu_peak_flops=1e9"])
     r, model = json.loads(capsys.readouterr().out), bench_py.build(bench_py.check(TINY))[0]
     # approx: the readings' float rounding only; 20 ms is the median step
@@ -29,7 +25,7 @@ def test_the_figures_follow_from_the_measured_times(monkeypatch, capsys):
     assert r["tokens_per_s"] == pytest.approx(2 * 16 / 0.020)   # B x T tokens a step
     assert r["mfu"] == pytest.approx(model.flops_per_token() * 2 * 16 / 0.020 / 1e9)
     assert r["params_m"] == sum(p.numel() for p in model.parameters()) / 1e6
-    monkeypatch.setattr(bench_py, "time", clock())
+    monkeypatch.setattr(bench_py, "time", types.SimpleNamespace(perf_counter=iter(ticks).__next__))
     bench_py.main(TINY)   # a CPU has no known peak: no MFU without --mfu_peak_flops
     assert ("ms/step (median of 3), 1,600 tokens/s, MFU — (no known peak: --mfu_peak_flops), "
             "peak memory ") in capsys.readouterr().out

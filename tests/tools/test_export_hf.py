@@ -1,5 +1,4 @@
-"""export_hf.py: its files compute the model's logits (helpers.llama_forward; transformers where
-installed); a refusal is one sentence; it writes only its folder. Each table entry: last test."""
+"""export_hf.py: its files compute the model's logits; a refusal: one sentence, nothing changed."""
 import errno
 import json
 import math
@@ -35,8 +34,7 @@ def files():   # every file under the test's folder, and its bytes
 
 
 def write_run(tokenizer="char", **flags):
-    """out/ as train.py leaves it (its vocabulary recorded); vectors far from 1,
-    logits of order 10: a wrong fold or RoPE layout moves them by far more than 1e-4."""
+    """out/ as train.py leaves it; vectors far from 1, logits of order 10: a wrong export shows."""
     cfg = model_py.GPTConfig(**{**TINY, **flags})
     model, gen = model_py.GPT(cfg).eval(), torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -57,8 +55,7 @@ def write_run(tokenizer="char", **flags):
     ("Qwen3", dict(qk_norm=True, sv_hetero=True, sv_placement="dp", sv_reparam="er",
                    tie_embeddings=False), "char", "none written (a char-level"),
     ("Llama", dict(vocab_size=257), "byte", "none written (byte-level")])
-def test_the_export_computes_the_models_logits(arch, flags, tokenizer, written, monkeypatch,
-                                               capsys):
+def test_the_export_gives_the_models_logits(arch, flags, tokenizer, written, monkeypatch, capsys):
     safetensors = pytest.importorskip("safetensors.torch")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     model = write_run(tokenizer, **flags)
@@ -72,12 +69,10 @@ def test_the_export_computes_the_models_logits(arch, flags, tokenizer, written, 
     assert sorted(os.listdir("hf")) == sorted([
         "config.json", "export_hf.json", "model.safetensors",
         *["merges.txt", "tokenizer_config.json", "vocab.json"] * (tokenizer == "gpt2")])
-    config = json.load(open("hf/config.json"))
-    state = safetensors.load_file("hf/model.safetensors")
+    config, state = json.load(open("hf/config.json")), safetensors.load_file("hf/model.safetensors")
     assert ("lm_head.weight" in state) != tied and len(state["model.embed_tokens.weight"]) == V
     idx = torch.randint(V, (2, 64), generator=torch.Generator().manual_seed(1))
-    ours = model(idx)[0].detach()
-    assert ours.abs().max() > 10   # logits of a size where a wrong export shows
+    assert (ours := model(idx)[0].detach()).abs().max() > 10   # where a wrong export shows
     # llama_forward in float64 against our float32: 1e-4 (measured: 1.2e-5)
     assert (llama_forward(config, state, idx) - ours).abs().max() < 1e-4
     # it sees a wrong export: q, k in model.py's RoPE layout, no q/k norms, no DP g_out
@@ -115,8 +110,7 @@ def test_the_export_computes_the_models_logits(arch, flags, tokenizer, written, 
     ("", "theirs", "--to=theirs holds config.json but no export_hf.json, the mark of an export"),
     ("", "out/latest/x", "--to=out/latest/x is inside"), ("", "link", "--to=link is a"),
     ("nan logits", "hf", "the export's logits differ from the checkpoint's by nan")])
-def test_what_cannot_be_exported_is_one_sentence_and_changes_nothing(case, to, message,
-                                                                     monkeypatch):
+def test_what_cannot_be_exported_is_one_sentence_changing_nothing(case, to, message, monkeypatch):
     write_run(**(VARIANTS["unified"] if case == "unified" else {}))
     os.mkdir("theirs")   # someone's file
     Path("theirs/config.json").write_text("mine")
@@ -132,8 +126,7 @@ def test_what_cannot_be_exported_is_one_sentence_and_changes_nothing(case, to, m
 
 
 @pytest.mark.parametrize("entry", entries(), ids="-".join)   # models: as helpers builds them
-def test_every_entry_of_the_tables_exports_its_logits_or_is_refused_in_one_sentence(entry,
-                                                                                    monkeypatch):
+def test_every_table_entry_exports_its_logits_or_is_refused_in_one_sentence(entry, monkeypatch):
     """Refused only for what Llama has not (a vector after a Norm but Qwen3's q/k norms, DNP,
     post_norm, an MoE FFN); a copy of the placement under a new name alike (README "Forking")."""
     monkeypatch.setitem(model_py.PLACEMENTS, "copy", model_py.PLACEMENTS[entry[1]])

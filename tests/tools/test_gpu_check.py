@@ -1,5 +1,4 @@
-"""gpu_check.py: each verdict on what its commands print (run faked), SIGTERM, and the whole once
-on the CPU (a bad --key is configurator's: test_configurator.py)."""
+"""gpu_check.py: each verdict on what its commands print (run faked), SIGTERM, the whole on CPU."""
 import json
 import os
 import signal
@@ -45,8 +44,7 @@ def test_the_cuda_tests_compile_and_speed_pass_only_on_what_they_should(monkeypa
     (0, {5: 2**-40}, False, "differ, max |diff| 9.095e-13"),     # 1e-12 off is a FAIL
     (0, {6: None}, False, "train records past iteration 4: reference has [5, 6], resumed run"),
     (1, {}, False, "the 6-step run failed: the last line")])
-def test_resume_passes_only_bit_for_bit_and_removes_its_runs(rc, resumed, verdict, words,
-                                                             tmp_path, monkeypatch):
+def test_resume_bit_for_bit_and_no_run_left(rc, resumed, verdict, words, tmp_path, monkeypatch):
     def train(cmd, cwd):   # train.py's records in --out_dir, the resumed run's changed
         out = next(a[10:] for a in cmd if a.startswith("--out_dir="))
         change = resumed if "--init_from=resume" in cmd else {}
@@ -66,8 +64,7 @@ def test_resume_passes_only_bit_for_bit_and_removes_its_runs(rc, resumed, verdic
 
 
 def test_a_sigterm_ends_the_running_child_and_removes_the_work_folder(tmp_path, monkeypatch):
-    """The child ends and its work folder (4.2 GB on a GPU) goes."""
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))   # the work folder: 4.2 GB on a GPU
     monkeypatch.setattr(gpu_check, "prepare_shakespeare", lambda workdir: None)
     child = "import os, signal, time; os.kill(os.getppid(), signal.SIGTERM); time.sleep(60)"
     monkeypatch.setattr(gpu_check, "checks", lambda workdir, device: [   # a stop as a FAIL: 1

@@ -1,5 +1,4 @@
-"""plot_metrics.py: a PNG of the gap between runs drawn where it can be read, markers on lines of
-few points, a legend of the kinds of vector; a record train.py did not write is one sentence."""
+"""plot_metrics.py: gaps drawn where they can be read, markers, a legend; bad records: sentences."""
 import json
 
 import pytest
@@ -9,8 +8,7 @@ from tools import plot_metrics
 SV = {"blocks.0.attn.qkv.g_in": [1.1, 0.9], "blocks.1.attn.qkv.g_in": [1.2, 1], "g_final": [1, 1]}
 
 
-def run(folder, evals, steps, val=lambda i: 3 - i / 1000, extra=()):
-    """A run's folder as train.py leaves it: its train and eval records in metrics.jsonl."""
+def run(folder, evals, steps, val=lambda i: 3 - i / 1000, extra=()):   # as train.py leaves it
     folder.mkdir(parents=True)
     lines = [{"kind": "train", "iter": i, "loss": 4 - i / 100} for i in range(1, steps + 1)] + [
         {"kind": "eval", "iter": i, "val_loss": val(i), "scale_vectors": SV} for i in evals]
@@ -33,8 +31,7 @@ def test_runs_show_the_gap_the_last_half_and_markers_on_few_points(tmp_path, mon
     assert gap.get_ydata() == pytest.approx([-0.04] * 3, abs=1e-12)   # float rounding only
     assert [list(line.get_xdata()) for line in panels["val loss, last half"].lines] == [
         [500, 750, 1000], [500, 1000], []]
-    assert [line.get_marker() for line in panels["loss"].lines] == ["None", "o", "None", "o",
-                                                                   "o", "o"]
+    assert [line.get_marker() for line in panels["loss"].lines] == ["None", "o"] * 2 + ["o"] * 2
     vectors = panels["c: 3 scale vectors"]   # the dash: a legend of kinds; g_final its own
     assert [t.get_text() for t in vectors.get_legend().get_texts()] == ["attn.qkv.g_in", "g_final"]
     plot_metrics.main([str(c), f"--out={tmp_path / 'c.png'}"])   # one run: nothing to compare
@@ -47,8 +44,7 @@ def test_runs_show_the_gap_the_last_half_and_markers_on_few_points(tmp_path, mon
     ({"kind": "eval", "val_loss": 3.0, "scale_vectors": {}}, "it has no 'iter'"),
     ({"kind": "eval", "iter": 9, "val_loss": 3.0}, "it has no 'scale_vectors'"),
     (None, "holds no record in metrics.jsonl")])   # an empty folder
-def test_a_record_train_py_did_not_write_is_one_sentence_naming_file_and_line(tmp_path, record,
-                                                                             why):
+def test_a_foreign_record_is_one_sentence_naming_file_and_line(tmp_path, record, why):
     folder = run(tmp_path / "r", evals=[0], steps=3, extra=[record]) if record else tmp_path
     with pytest.raises(SystemExit) as e:
         plot_metrics.main([str(folder)])
