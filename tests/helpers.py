@@ -189,7 +189,7 @@ def final_state(wd, out_dir):
         return torch.load(wd / out_dir / f.read().strip(), weights_only=True)
 
 
-# the docs' commands (test_docs.py, study/test_reproduce.py)
+# the docs' commands (test_imports.py, study/test_reproduce.py)
 
 def commands(doc):
     """The python / torchrun command lines of the doc's code blocks, continuations joined."""
