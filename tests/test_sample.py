@@ -17,14 +17,7 @@ from helpers import ENV, ROOT, records, train
 BYTE = {"tokenizer": "byte", "vocab_size": 257}
 GPT2 = {"tokenizer": "gpt2", "vocab_size": 50257}
 SAMPLE = [sys.executable, os.path.join(ROOT, "sample.py"), "--out_dir=out_sample", "--device=cpu"]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Models this small sample 5-10x faster on one thread than on two of a busy 2-core machine."""
-    threads = torch.get_num_threads()
-    yield torch.set_num_threads(1)
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")   # conftest: one thread, as sample.py's ENV
 
 
 @pytest.mark.parametrize("meta, texts", [

@@ -24,12 +24,7 @@ from model import AFTER_NORM, ScaleVector
 from config.variants import VARIANTS, model_keys, named_flags, variant_of
 from config.defaults import train_config
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():   # 5-10x faster than 2 threads of a busy 2-core CPU (check_folding 3.5 -> 0.6 s)
-    threads = torch.get_num_threads()
-    yield torch.set_num_threads(1)
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")   # conftest's
 
 
 def factor(W, g, side):
