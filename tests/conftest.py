@@ -1,23 +1,15 @@
-import os
 import re
 from collections import Counter
 
 import pytest
 import torch
 
-from helpers import ROOT   # and the repo root on sys.path, for the project's modules
+from helpers import tiny_corpus   # and the repo root on sys.path, for the project's modules
 
 
 @pytest.fixture(scope="session")
 def workdir(tmp_path_factory):
-    """A folder with data/tiny prepared from 20 KB of Tiny Shakespeare, where train.py runs."""
-    wd = tmp_path_factory.mktemp("train")
-    with open(os.path.join(ROOT, "data", "raw", "tinyshakespeare.txt"), encoding="utf-8") as f:
-        (wd / "tiny.txt").write_text(f.read()[:20000], encoding="utf-8")
-    import prepare_data
-    prepare_data.main(["text", "--input", str(wd / "tiny.txt"), "--name", "tiny",
-                       "--tokenizer", "char", "--out_dir", str(wd / "data" / "tiny")])
-    return wd
+    return tiny_corpus(tmp_path_factory.mktemp("train"))
 
 
 @pytest.fixture

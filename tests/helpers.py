@@ -162,6 +162,16 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
 
 
+def tiny_corpus(wd):
+    """`wd` with data/tiny prepared from 20 KB of Tiny Shakespeare, where train.py runs."""
+    with open(os.path.join(ROOT, "data", "raw", "tinyshakespeare.txt"), encoding="utf-8") as f:
+        (wd / "tiny.txt").write_text(f.read()[:20000], encoding="utf-8")
+    import prepare_data
+    prepare_data.main(["text", "--input", str(wd / "tiny.txt"), "--name", "tiny",
+                       "--tokenizer", "char", "--out_dir", str(wd / "data" / "tiny")])
+    return wd
+
+
 def start(wd, *args, launcher=(sys.executable,), env=None):
     """train.py on the tiny model in `wd`, started (env: more variables); finish(p) waits."""
     cmd = [*launcher, os.path.join(ROOT, "train.py"), *TINY_MODEL, *args]

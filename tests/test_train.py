@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import TORCHRUN, final_state, finish, records, start, tiny_corpus, train  # (sys.path)
 import checkpoint
 from config.variants import VARIANTS
-from helpers import ROOT, TORCHRUN, final_state, finish, records, start, train
 
 COMMON = ["--eval_interval=5", "--lr_decay_iters=12", "--sv_hetero=True", "--sv_reparam=or",
           "--gradient_accumulation_steps=2"]   # under DDP, one micro-step per process
@@ -293,14 +293,8 @@ def test_training_matches_the_pinned_run(workdir):
 if __name__ == "__main__" and sys.argv[1:] == ["--repin"]:
     import tempfile
     from pathlib import Path
-    import prepare_data
     with tempfile.TemporaryDirectory() as tmp:
-        wd = Path(tmp)
-        (wd / "tiny.txt").write_text(open(os.path.join(ROOT, "data", "raw", "tinyshakespeare.txt"),
-                                          encoding="utf-8").read()[:20000], encoding="utf-8")
-        prepare_data.main(["text", "--input", str(wd / "tiny.txt"), "--name", "tiny",
-                           "--tokenizer", "char", "--out_dir", str(wd / "data" / "tiny")])
-        runs = pinned_numbers(wd)
+        runs = pinned_numbers(tiny_corpus(Path(tmp)))
     with open(PINNED, "w") as f:
         json.dump({"torch": torch.__version__, "steps": PINNED_STEPS, "runs": runs}, f, indent=1)
         f.write("\n")
