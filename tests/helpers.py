@@ -189,6 +189,12 @@ def train(wd, *args, launcher=(sys.executable,), check=True, env=None):
     return finish(start(wd, *args, launcher=launcher, env=env), check)
 
 
+def last_line(p):
+    """A failed run's one sentence: the last line of its stderr, which holds no traceback."""
+    assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
+    return p.stderr.strip().splitlines()[-1]
+
+
 def records(wd, out_dir, kind):
     with open(wd / out_dir / "metrics.jsonl") as f:
         return [r for r in map(json.loads, f) if r["kind"] == kind]
