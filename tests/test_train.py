@@ -196,11 +196,6 @@ def existing_runs(workdir):
     return runs
 
 
-def snapshot(runs):
-    return {(d.name, p.name): p.read_bytes() for d in runs for p in sorted(d.iterdir())
-            if p.name != "lock"}
-
-
 RESUME = ["--init_from=resume", "--max_iters=6"]
 
 
@@ -226,11 +221,13 @@ RESUME = ["--init_from=resume", "--max_iters=6"]
 def test_bad_input_is_one_sentence_and_leaves_the_existing_runs_as_they_were(
         workdir, existing_runs, args, message):
     """Found before out_dir is touched, even with --overwrite=True (which would clear the run)."""
-    before = snapshot(existing_runs)
+    snapshot = lambda: {(d.name, p.name): p.read_bytes() for d in existing_runs  # noqa: E731
+                        for p in sorted(d.iterdir()) if p.name != "lock"}
+    before = snapshot()
     p = train(workdir, "--max_iters=4", "--out_dir=out_keep", "--overwrite=True", *args,
               check=False)
     assert message in last_line(p), p.stderr
-    assert snapshot(existing_runs) == before
+    assert snapshot() == before
 
 
 # ---- the pinned run: what training does, against committed numbers ------------------------------

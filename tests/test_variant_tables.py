@@ -339,11 +339,6 @@ def test_every_vector_flag_is_listed():
 
 # ---- tests/README.md's checklist, followed mechanically ----------------------------------------
 
-def softplus_g(p, eps):
-    """g = softplus(a) / softplus(0): 1 at a = 0."""
-    return F.softplus(p["a"]) / F.softplus(torch.zeros((), dtype=p["a"].dtype))
-
-
 @dataclass
 class ToyConfig(model_py.GPTConfig):
     """A new location, step 1: a GPTConfig field each (checked by their VECTOR_FLAGS entries:
@@ -417,9 +412,9 @@ def test_the_readme_checklist_on_toy_entries(monkeypatch, tmp_path):
     decay policy "blocks_all" (every vector but g_final); so do two locations (a per-head gate
     before W_o; a vector on the router's input, MoE-only) and two named variants with their config
     files. An MoE-only flag left out of VECTOR_FLAGS, a config without a training key, fail."""
-    # g = 1 where softplus(a) = softplus(0): a = 0
-    monkeypatch.setitem(model_py.REPARAMS, "sp", model_py.Reparam(params=dict(a=("vector", 0.0)),
-                                                                  g=softplus_g))
+    # g = softplus(a) / softplus(0): 1 at a = 0
+    monkeypatch.setitem(model_py.REPARAMS, "sp", model_py.Reparam(params=dict(a=("vector", 0.0)), g=(
+        lambda p, eps: F.softplus(p["a"]) / F.softplus(torch.zeros((), dtype=p["a"].dtype)))))
     monkeypatch.setitem(model_py.PLACEMENTS, "norm2", model_py.PLACEMENTS["dnp_novec"])
     monkeypatch.setitem(model_py.DECAY_POLICIES, "blocks_all", ("sv_input", "sv_output"))
     for entry, check in itertools.product([("sp", "pre"), ("sp", "dnp"), ("or", "norm2")], CHECKS):
