@@ -407,14 +407,14 @@ TOY_VARIANTS = dict(toy_decay=dict(sv_weight_decay="iwd", sv_decay=0.5), toy_all
 
 def test_the_readme_checklist_on_toy_entries(monkeypatch, tmp_path):
     """tests/README.md's checklist: one entry per table, registered at runtime, gets every generic
-    check with no other edit: a reparameterization "sp", a placement "norm2" (dnp_novec's entry: a
-    Norm after the maps, no vector there, so folding must be refused by the entry, not the name), a
-    decay policy "blocks_all" (every vector but g_final); so do two locations (a per-head gate
-    before W_o; a vector on the router's input, MoE-only) and two named variants with their config
-    files. An MoE-only flag left out of VECTOR_FLAGS, a config without a training key, fail."""
-    # g = softplus(a) / softplus(0): 1 at a = 0
-    monkeypatch.setitem(model_py.REPARAMS, "sp", model_py.Reparam(params=dict(a=("vector", 0.0)), g=(
-        lambda p, eps: F.softplus(p["a"]) / F.softplus(torch.zeros((), dtype=p["a"].dtype)))))
+    check with no other edit: a reparameterization "sp" (g = softplus(a) / softplus(0): 1 at a = 0),
+    a placement "norm2" (dnp_novec's entry: a Norm after the maps, no vector there, so folding must
+    be refused by the entry, not the name), a decay policy "blocks_all" (every vector but g_final);
+    so do two locations (a per-head gate before W_o; a vector on the router's input, MoE-only) and
+    two named variants with their config files. An MoE-only flag left out of VECTOR_FLAGS, a config
+    without a training key, fail."""
+    sp = lambda p, eps: F.softplus(p["a"]) / F.softplus(p["a"].new_zeros(()))  # noqa: E731
+    monkeypatch.setitem(model_py.REPARAMS, "sp", model_py.Reparam(dict(a=("vector", 0.0)), sp))
     monkeypatch.setitem(model_py.PLACEMENTS, "norm2", model_py.PLACEMENTS["dnp_novec"])
     monkeypatch.setitem(model_py.DECAY_POLICIES, "blocks_all", ("sv_input", "sv_output"))
     for entry, check in itertools.product([("sp", "pre"), ("sp", "dnp"), ("or", "norm2")], CHECKS):
