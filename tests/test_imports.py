@@ -1,7 +1,7 @@
-"""The layout, read from the files' imports, lazy ones too: the core (config/ too) never imports
-tools/ or study/, nor they each other; no script imports another; no cycle; at most 4 floors (a
-script, a module it imports, one that one imports, model.py). The READMEs' commands: their
-configs exist, --help lists each key they pass."""
+"""The layout, read from the files' imports, lazy ones too: the core (config/, tests/*.py too) never
+imports tools/ or study/, nor they each other; no script imports another; no cycle; at most 4
+floors (a script, a module it imports, one that one imports, model.py). The READMEs' commands:
+their configs exist, --help lists each key they pass."""
 import ast
 import os
 import re
@@ -48,6 +48,11 @@ def test_no_crossing_no_script_importing_a_script_no_cycle_at_most_four_floors()
     assert not crossings(g), f"imports across the layout: {crossings(g)}; move what they share"
     bad = sorted((a, b) for a in SCRIPTS & g.keys() for b in g[a] if b in SCRIPTS)
     assert not bad, f"scripts importing scripts: {bad}; move what they share into a library module"
+    # tests/*.py test the core alone (a fork may delete tools/, study/ and their tests)
+    tests = [os.path.join("tests", f) for f in os.listdir(os.path.join(ROOT, "tests"))
+             if f.endswith(".py")]
+    bad = [(f, m) for f in tests for m in imported(f) if m.split(".")[0] in ("tools", "study")]
+    assert not bad, f"the core's tests importing tools/ or study/: {bad}"
     deepest = max(g, key=lambda m: floors(g, m))
     assert floors(g, deepest) <= 4, f"{deepest} is {floors(g, deepest)} floors deep"
     # the test sees every folder, and the rule can fail: a tool importing the study is caught
@@ -55,14 +60,6 @@ def test_no_crossing_no_script_importing_a_script_no_cycle_at_most_four_floors()
     assert "model" in g["train"] and "config.defaults" in g["tools.bench"]
     assert "study.grids" in g["study.reproduce"]
     assert crossings({**g, "tools.bench": g["tools.bench"] | {"study.grids"}})
-
-
-def test_the_cores_tests_import_neither_tools_nor_study():
-    """tests/*.py test the core alone (a fork may delete tools/, study/ and their tests)."""
-    for f in sorted(os.listdir(os.path.join(ROOT, "tests"))):
-        if f.endswith(".py"):
-            names = imported(os.path.join("tests", f))
-            assert not [m for m in names if m.split(".")[0] in ("tools", "study")], f
 
 
 def test_every_line_of_python_is_at_most_100_characters():
