@@ -162,6 +162,16 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
 
 
+def tiny_corpus(wd):
+    """`wd` with data/tiny prepared from 20 KB of Tiny Shakespeare, where train.py runs."""
+    with open(os.path.join(ROOT, "data", "raw", "tinyshakespeare.txt"), encoding="utf-8") as f:
+        (wd / "tiny.txt").write_text(f.read()[:20000], encoding="utf-8")
+    import prepare_data
+    prepare_data.main(["text", "--input", str(wd / "tiny.txt"), "--name", "tiny",
+                       "--tokenizer", "char", "--out_dir", str(wd / "data" / "tiny")])
+    return wd
+
+
 def start(wd, *args, launcher=(sys.executable,), env=None):
     """train.py on the tiny model in `wd`, started (env: more variables); finish(p) waits."""
     cmd = [*launcher, os.path.join(ROOT, "train.py"), *TINY_MODEL, *args]
@@ -179,6 +189,12 @@ def train(wd, *args, launcher=(sys.executable,), check=True, env=None):
     return finish(start(wd, *args, launcher=launcher, env=env), check)
 
 
+def last_line(p):
+    """A failed run's one sentence: the last line of its stderr, which holds no traceback."""
+    assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
+    return p.stderr.strip().splitlines()[-1]
+
+
 def records(wd, out_dir, kind):
     with open(wd / out_dir / "metrics.jsonl") as f:
         return [r for r in map(json.loads, f) if r["kind"] == kind]
@@ -189,7 +205,7 @@ def final_state(wd, out_dir):
         return torch.load(wd / out_dir / f.read().strip(), weights_only=True)
 
 
-# the docs' commands (test_docs.py, study/test_reproduce.py)
+# the docs' commands (test_imports.py, study/test_reproduce.py)
 
 def commands(doc):
     """The python / torchrun command lines of the doc's code blocks, continuations joined."""

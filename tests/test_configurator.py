@@ -86,10 +86,10 @@ def test_help_shows_the_usage_and_a_described_line_per_key_with_its_values(capsy
 
 # ---- train.py's allowed values -------------------------------------------------------------------
 
-def test_every_train_key_has_a_rule_its_default_passes_and_er_with_decay_is_refused():
+def test_every_train_key_has_a_rule_its_default_passes_and_the_pair_rules_refuse(monkeypatch):
     """A key without a rule would take any value of its type (--seed=-1: a traceback after the
     lock is written). Decay pulls ER's raw parameters toward 0, its g toward 1 (DESIGN.md): ER is
-    allowed only without one."""
+    allowed only without one. wandb_log=True without wandb: refused before anything is written."""
     assert sorted(TRAIN) == sorted(TRAIN_RULES)
     assert configure(TRAIN, [], TRAIN_RULES, PAIR_RULES) == TRAIN
     for good in ("--max_iters=0", "--grad_clip=0", "--device=cuda:1", "--wsd_decay_frac=1",
@@ -103,9 +103,6 @@ def test_every_train_key_has_a_rule_its_default_passes_and_er_with_decay_is_refu
     with pytest.raises(ConfigError, match=r"^error: sv_reparam='er' with sv_weight_decay='iwd': "
                                           r"decaying ER's raw parameters pulls g toward 1"):
         configure(TRAIN, ["--sv_reparam=er", "--sv_weight_decay=iwd"], TRAIN_RULES, PAIR_RULES)
-
-
-def test_wandb_log_without_wandb_is_one_sentence_before_anything_is_written(monkeypatch):
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)   # wandb not installed
     with pytest.raises(ConfigError, match="^error: wandb_log=True needs the wandb package: pip "
                                           "install wandb$"):

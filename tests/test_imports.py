@@ -1,10 +1,16 @@
-"""The layout, read from the files' imports, lazy ones too: the core (config/ too)
-never imports tools/ or study/, nor they each other; no script imports another;
-no cycle; at most 4 floors (a script, a module it imports, one that one imports, model.py)."""
+"""The layout, read from the files' imports, lazy ones too: the core (config/, tests/*.py too) never
+imports tools/ or study/, nor they each other; no script imports another; no cycle; at most 4
+floors (a script, a module it imports, one that one imports, model.py). The READMEs' commands:
+their configs exist, --help lists each key they pass."""
 import ast
 import os
+import re
+import runpy
+import sys
 
-from conftest import ROOT
+import pytest
+
+from helpers import ROOT, commands
 
 # the files with a command line; every other file is a library module
 SCRIPTS = {"train", "prepare_data", "sample", "tools.bench", "tools.gpu_check", "tools.export_hf",
@@ -42,6 +48,11 @@ def test_no_crossing_no_script_importing_a_script_no_cycle_at_most_four_floors()
     assert not crossings(g), f"imports across the layout: {crossings(g)}; move what they share"
     bad = sorted((a, b) for a in SCRIPTS & g.keys() for b in g[a] if b in SCRIPTS)
     assert not bad, f"scripts importing scripts: {bad}; move what they share into a library module"
+    # tests/*.py test the core alone (a fork may delete tools/, study/ and their tests)
+    tests = [os.path.join("tests", f) for f in os.listdir(os.path.join(ROOT, "tests"))
+             if f.endswith(".py")]
+    bad = [(f, m) for f in tests for m in imported(f) if m.split(".")[0] in ("tools", "study")]
+    assert not bad, f"the core's tests importing tools/ or study/: {bad}"
     deepest = max(g, key=lambda m: floors(g, m))
     assert floors(g, deepest) <= 4, f"{deepest} is {floors(g, deepest)} floors deep"
     # the test sees every folder, and the rule can fail: a tool importing the study is caught
@@ -51,14 +62,6 @@ def test_no_crossing_no_script_importing_a_script_no_cycle_at_most_four_floors()
     assert crossings({**g, "tools.bench": g["tools.bench"] | {"study.grids"}})
 
 
-def test_the_cores_tests_import_neither_tools_nor_study():
-    """tests/*.py test the core alone (a fork may delete tools/, study/ and their tests)."""
-    for f in sorted(os.listdir(os.path.join(ROOT, "tests"))):
-        if f.endswith(".py"):
-            names = imported(os.path.join("tests", f))
-            assert not [m for m in names if m.split(".")[0] in ("tools", "study")], f
-
-
 def test_every_line_of_python_is_at_most_100_characters():
     folders = [ROOT] + [os.path.join(ROOT, d) for d in ("config", "tools", "study", "tests",
                                                          "tests/tools", "tests/study")]
@@ -66,3 +69,33 @@ def test_every_line_of_python_is_at_most_100_characters():
     long = [f"{f}:{i}" for f in files for i, line in enumerate(open(f, encoding="utf-8"), 1)
             if len(line.rstrip("\n")) > 100]
     assert not long, long
+
+
+DOCS = ("README.md", os.path.join("study", "README.md"))
+CASES = [(doc, words) for doc in DOCS for words in commands(doc)]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")   # runpy: the module was imported
+@pytest.mark.parametrize("doc, words", CASES, ids=[" ".join(w)[:60] for _, w in CASES])
+def test_a_command_of_the_docs_exists_with_the_keys_it_passes(monkeypatch, capsys, doc, words):
+    m = words[0] == "python" and words[1] == "-m"   # torchrun: its options, then the script
+    i = (next(i for i, w in enumerate(words) if w.endswith(".py")) if words[0] == "torchrun"
+         else 1 + m)
+    (kind, name), args = ("module" if m else "script", words[i]), words[i + 1:]
+    configs = [a for a in args if a.startswith("config/")]
+    for path in configs + ([name] if kind == "script" else []):
+        assert os.path.isfile(os.path.join(ROOT, path)), f"{doc}: {path} does not exist"
+    monkeypatch.setattr(sys, "argv", [name, *configs, "--help"])
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit) as e:
+        (runpy.run_module(name, run_name="__main__", alter_sys=True) if kind == "module"
+         else runpy.run_path(os.path.join(ROOT, name), run_name="__main__"))
+    assert e.value.code in (0, None), f"{name} --help exited with {e.value.code}"
+    text = capsys.readouterr().out
+    for key in (a.split("=")[0] for a in args if a.startswith("--")):
+        assert re.search(rf"(^|\s|\[){re.escape(key)}\b", text), (
+            f"{doc}: `{' '.join(words)}` passes {key}, which {name} does not list in --help")
+
+
+def test_the_parser_finds_the_commands():
+    assert all(len(commands(doc)) >= 6 for doc in DOCS), [len(commands(d)) for d in DOCS]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import checkpoint
-from helpers import finish, records, start, train
+from helpers import finish, last_line, records, start, train
 
 
 def wait_for(predicate, timeout=120, poll=0.05):
@@ -27,11 +27,6 @@ def catches_sigterm(pid):
     with open(f"/proc/{pid}/status") as f:
         mask = next(line for line in f if line.startswith("SigCgt:")).split()[1]
     return bool(int(mask, 16) >> (signal.SIGTERM - 1) & 1)
-
-
-def last_line(p):
-    assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
-    return p.stderr.strip().splitlines()[-1]
 
 
 # ---- train.py in subprocesses: signals, kills --------------------------------------------------

@@ -1,6 +1,8 @@
-"""train.py end to end, as a user runs it: in subprocesses, on a tiny corpus made in tmp_path."""
+"""train.py end to end, as a user runs it: in subprocesses, on a tiny corpus made in tmp_path; its
+schedules, a Muon run (each group's lr, decay: test_variant_tables.py's check_optimizer_groups)."""
 import importlib.util
 import json
+import math
 import os
 import shutil
 import signal
@@ -11,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import TORCHRUN, final_state, finish, last_line, records, start, tiny_corpus, train
 import checkpoint
 from config.variants import VARIANTS
-from helpers import ROOT, TORCHRUN, final_state, finish, records, start, train
 
 COMMON = ["--eval_interval=5", "--lr_decay_iters=12", "--sv_hetero=True", "--sv_reparam=or",
           "--gradient_accumulation_steps=2"]   # under DDP, one micro-step per process
@@ -122,6 +124,44 @@ def test_a_run_learns_ends_with_the_whole_val_split_logs_each_eval_and_bf16_trai
     assert abs(f32 - b16) < 0.05 * (first - f32), (f32, b16)
 
 
+WARMUP, DECAY_END, LR, MIN_LR = 4, 16, 3e-3, 3e-4
+
+
+def expected_lr(it, schedule, shape):
+    """The schedules as the README states them, written out independently of train.py."""
+    cos = (1 + math.cos(math.pi * min((it - WARMUP) / (DECAY_END - WARMUP), 1))) / 2
+    p = min(max(it - 12, 0) / (DECAY_END - 12), 1)   # wsd: LR until 12 = 16 * (1 - wsd_decay_frac)
+    left = {"constant": 1, "cosine": cos, "wsd": 1 - (p if shape == "linear" else math.sqrt(p))}
+    return LR * (it + 1) / (WARMUP + 1) if it < WARMUP else MIN_LR + (LR - MIN_LR) * left[schedule]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule,shape", [("cosine", "linear"), ("wsd", "linear"),
+                                            ("wsd", "1-sqrt"), ("constant", "linear")])
+def test_schedule_matches_its_formula(workdir, schedule, shape):
+    out = f"out_lr_{schedule}_{shape}"
+    train(workdir, f"--out_dir={out}", "--max_iters=20", "--eval_interval=20",
+          f"--min_lr={MIN_LR}", f"--warmup_iters={WARMUP}", f"--lr_decay_iters={DECAY_END}",
+          f"--learning_rate={LR}", f"--lr_schedule={schedule}", "--wsd_decay_frac=0.25",
+          f"--wsd_shape={shape}")
+    lrs = [r["lr"] for r in records(workdir, out, "train")]   # record `iter` i: step i - 1's lr
+    assert lrs == pytest.approx([expected_lr(it, schedule, shape) for it in range(20)], rel=1e-9)
+    assert schedule != "wsd" or lrs[WARMUP:12] == [LR] * (12 - WARMUP)   # the stable phase
+
+
+@pytest.mark.slow
+def test_muon_run_trains_and_resumes_and_the_seed_reaches_the_run(workdir):
+    muon = ["--out_dir=out_muon", "--eval_interval=10", "--optimizer=muon", "--lr_schedule=wsd"]
+    train(workdir, *muon, "--max_iters=20")
+    assert (e := records(workdir, "out_muon", "eval"))[-1]["val_loss"] < e[0]["val_loss"] - 0.3
+    train(workdir, *muon, "--max_iters=24", "--init_from=resume")
+    assert [r["iter"] for r in records(workdir, "out_muon", "train")] == list(range(1, 25))
+    for seed in (7, 8):   # one seed gives one run bit for bit: the pinned run
+        train(workdir, f"--out_dir=out_seed{seed}", "--max_iters=8", "--eval_interval=8",
+              f"--seed={seed}")
+    assert records(workdir, "out_seed7", "eval")[-1] != records(workdir, "out_seed8", "eval")[-1]
+
+
 DATA_FAULTS = {   # data/bad_<name>: data/tiny, one file changed (None: removed) -> the sentence
     "no_bin": ("val.bin", None, "val.bin is missing or empty"),
     "bad_json": ("meta.json", lambda raw, vocab: raw[:20], "meta.json is not valid JSON"),
@@ -138,7 +178,7 @@ DATA_FAULTS = {   # data/bad_<name>: data/tiny, one file changed (None: removed)
 @pytest.fixture(scope="module")
 def existing_runs(workdir):
     """DATA_FAULTS' datasets; out_keep, a run on bad_vocab's first 500 tokens, checkpoints at 2 and
-    4; copies whose ckpt_0000004.pt is torn or has a weight renamed (as a later model.py might)."""
+    4; out_renamed, its copy, a weight of ckpt_0000004.pt renamed (as a later model.py might)."""
     for name, (file, change, _) in DATA_FAULTS.items():
         bad = workdir / "data" / f"bad_{name}"
         shutil.copytree(workdir / "data" / "tiny", bad, dirs_exist_ok=True)
@@ -149,20 +189,11 @@ def existing_runs(workdir):
             (bad / file).write_bytes(change((bad / file).read_bytes(), vocab))
     train(workdir, "--out_dir=out_keep", "--max_iters=4", "--eval_interval=2",
           "--dataset=bad_vocab", "--train_tokens=500")
-    runs = [workdir / f"out_{name}" for name in ("keep", "torn", "renamed")]
-    for run in runs[1:]:
-        shutil.copytree(runs[0], run)
-    newest = [run / "ckpt_0000004.pt" for run in runs]
-    newest[1].write_bytes(newest[1].read_bytes()[: newest[1].stat().st_size // 2])
-    state = torch.load(newest[0], weights_only=True)
+    runs = [workdir / "out_keep", shutil.copytree(workdir / "out_keep", workdir / "out_renamed")]
+    state = torch.load(runs[0] / "ckpt_0000004.pt", weights_only=True)
     state["model"]["blocks.0.attn.qkv.g_in.gain"] = state["model"].pop("blocks.0.attn.qkv.g_in.g")
-    torch.save(state, newest[2])
+    torch.save(state, runs[1] / "ckpt_0000004.pt")
     return runs
-
-
-def snapshot(runs):
-    return {(d.name, p.name): p.read_bytes() for d in runs for p in sorted(d.iterdir())
-            if p.name != "lock"}
 
 
 RESUME = ["--init_from=resume", "--max_iters=6"]
@@ -178,8 +209,6 @@ RESUME = ["--init_from=resume", "--max_iters=6"]
     (["--train_tokens=10000000"], "train_tokens=10,000,000 but"),
     (["--out_dir=tiny.txt"], "is a file"),
     ([*RESUME, "--out_dir=out_none"], "no checkpoint"),
-    ([*RESUME, "--out_dir=out_torn"], "checkpoint out_torn/ckpt_0000004.pt is not one to go on "
-     "from (it does not load): move it and `latest` away to use out_torn/ckpt_0000002.pt"),
     ([*RESUME, "--n_embd=64", "--sv_hetero=True", "--optimizer=muon"], "out_keep/ckpt_0000004.pt "
      "was trained with a different model or optimizer; mismatched keys (checkpoint, requested): "
      "n_embd=(32, 64), sv_hetero=(False, True), optimizer=('adamw', 'muon')"),
@@ -192,13 +221,13 @@ RESUME = ["--init_from=resume", "--max_iters=6"]
 def test_bad_input_is_one_sentence_and_leaves_the_existing_runs_as_they_were(
         workdir, existing_runs, args, message):
     """Found before out_dir is touched, even with --overwrite=True (which would clear the run)."""
-    before = snapshot(existing_runs)
+    snapshot = lambda: {(d.name, p.name): p.read_bytes() for d in existing_runs  # noqa: E731
+                        for p in sorted(d.iterdir()) if p.name != "lock"}
+    before = snapshot()
     p = train(workdir, "--max_iters=4", "--out_dir=out_keep", "--overwrite=True", *args,
               check=False)
-    assert p.returncode != 0
-    last = p.stderr.strip().splitlines()[-1]
-    assert message in last and "Traceback" not in p.stderr, p.stderr
-    assert snapshot(existing_runs) == before
+    assert message in last_line(p), p.stderr
+    assert snapshot() == before
 
 
 # ---- the pinned run: what training does, against committed numbers ------------------------------
@@ -211,8 +240,8 @@ def test_bad_input_is_one_sentence_and_leaves_the_existing_runs_as_they_were(
 # losses within 3e-16, weights within 3e-16 but for unified's Input-Norm betas (their
 # gradient is rounding noise under DNP, which Adam turns into steps), within 2.3e-13; a 0.1% shrink
 # of every weight after each step, the smallest change this must catch, moves them by more than
-# 1e-2. Updating the numbers is a deliberate act: `python tests/test_train.py --repin`, and say why
-# in the commit message.
+# 1e-2. Updating the numbers is a deliberate act: `python tests/test_train.py --repin` (helpers,
+# imported first, puts the repository on sys.path), and say why in the commit message.
 PINNED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pinned_run.json")
 PINNED_STEPS = 30
 PINNED_RUNS = {"baseline": [],
@@ -253,14 +282,8 @@ def test_training_matches_the_pinned_run(workdir):
 if __name__ == "__main__" and sys.argv[1:] == ["--repin"]:
     import tempfile
     from pathlib import Path
-    import prepare_data
     with tempfile.TemporaryDirectory() as tmp:
-        wd = Path(tmp)
-        (wd / "tiny.txt").write_text(open(os.path.join(ROOT, "data", "raw", "tinyshakespeare.txt"),
-                                          encoding="utf-8").read()[:20000], encoding="utf-8")
-        prepare_data.main(["text", "--input", str(wd / "tiny.txt"), "--name", "tiny",
-                           "--tokenizer", "char", "--out_dir", str(wd / "data" / "tiny")])
-        runs = pinned_numbers(wd)
+        runs = pinned_numbers(tiny_corpus(Path(tmp)))
     with open(PINNED, "w") as f:
         json.dump({"torch": torch.__version__, "steps": PINNED_STEPS, "runs": runs}, f, indent=1)
         f.write("\n")

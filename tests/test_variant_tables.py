@@ -24,12 +24,7 @@ from model import AFTER_NORM, ScaleVector
 from config.variants import VARIANTS, model_keys, named_flags, variant_of
 from config.defaults import train_config
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():   # 5-10x faster than 2 threads of a busy 2-core CPU (check_folding 3.5 -> 0.6 s)
-    threads = torch.get_num_threads()
-    yield torch.set_num_threads(1)
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")   # conftest's
 
 
 def factor(W, g, side):
@@ -295,12 +290,6 @@ CHECKS = (check_the_init, check_folding, check_optimizer_groups, check_compiles_
           check_the_moe)
 
 
-def check_all(reparam, placement):
-    """Every generic check of one entry, as a new location gets them."""
-    for check in CHECKS:
-        check(reparam, placement)
-
-
 # ---- the tables drive the tests -----------------------------------------------------------------
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__[len("check_"):])
@@ -349,11 +338,6 @@ def test_every_vector_flag_is_listed():
 
 
 # ---- tests/README.md's checklist, followed mechanically ----------------------------------------
-
-def softplus_g(p, eps):
-    """g = softplus(a) / softplus(0): 1 at a = 0."""
-    return F.softplus(p["a"]) / F.softplus(torch.zeros((), dtype=p["a"].dtype))
-
 
 @dataclass
 class ToyConfig(model_py.GPTConfig):
@@ -423,21 +407,21 @@ TOY_VARIANTS = dict(toy_decay=dict(sv_weight_decay="iwd", sv_decay=0.5), toy_all
 
 def test_the_readme_checklist_on_toy_entries(monkeypatch, tmp_path):
     """tests/README.md's checklist: one entry per table, registered at runtime, gets every generic
-    check with no other edit: a reparameterization "sp", a placement "norm2" (dnp_novec's entry: a
-    Norm after the maps, no vector there, so folding must be refused by the entry, not the name), a
-    decay policy "blocks_all" (every vector but g_final); so do two locations (a per-head gate
-    before W_o; a vector on the router's input, MoE-only) and two named variants with their config
-    files. An MoE-only flag left out of VECTOR_FLAGS, a config without a training key, fail."""
-    # g = 1 where softplus(a) = softplus(0): a = 0
-    monkeypatch.setitem(model_py.REPARAMS, "sp", model_py.Reparam(params=dict(a=("vector", 0.0)),
-                                                                  g=softplus_g))
+    check with no other edit: a reparameterization "sp" (g = softplus(a) / softplus(0): 1 at a = 0),
+    a placement "norm2" (dnp_novec's entry: a Norm after the maps, no vector there, so folding must
+    be refused by the entry, not the name), a decay policy "blocks_all" (every vector but g_final);
+    so do two locations (a per-head gate before W_o; a vector on the router's input, MoE-only) and
+    two named variants with their config files. An MoE-only flag left out of VECTOR_FLAGS, a config
+    without a training key, fail."""
+    sp = lambda p, eps: F.softplus(p["a"]) / F.softplus(p["a"].new_zeros(()))  # noqa: E731
+    monkeypatch.setitem(model_py.REPARAMS, "sp", model_py.Reparam(dict(a=("vector", 0.0)), sp))
     monkeypatch.setitem(model_py.PLACEMENTS, "norm2", model_py.PLACEMENTS["dnp_novec"])
     monkeypatch.setitem(model_py.DECAY_POLICIES, "blocks_all", ("sv_input", "sv_output"))
-    for reparam, placement in (("sp", "pre"), ("sp", "dnp"), ("or", "norm2")):
-        check_all(reparam, placement)
+    for entry, check in itertools.product([("sp", "pre"), ("sp", "dnp"), ("or", "norm2")], CHECKS):
+        check(*entry)   # every generic check of each entry
     register_the_toys(monkeypatch, model_py.VectorFlag((False, True), moe_only=True))
-    for reparam, placement in (("none", "pre"), ("er", "dp"), ("none", "dnp")):
-        check_all(reparam, placement)
+    for entry, check in itertools.product([("none", "pre"), ("er", "dp"), ("none", "dnp")], CHECKS):
+        check(*entry)
     test_no_flag_is_inert()
     test_every_vector_flag_is_listed()
     assert {"blocks.0.attn.gate", "blocks.0.mlp.g_router"} <= set(vectors(make(
@@ -454,38 +438,35 @@ def test_the_readme_checklist_on_toy_entries(monkeypatch, tmp_path):
         test_every_vector_flag_is_listed()
 
 
-@pytest.mark.parametrize("toy, fails", [
-    (dict(INIT=0.1), "is not 1 at init"),   # the gate starts at 0.1, not 1
+BUILT = "folds_into must be AFTER_NORM or"   # refused when it is read
+
+
+@pytest.mark.parametrize("toy, fails, refused", [
+    (dict(INIT=0.1), "is not 1 at init", None),   # the gate starts at 0.1, not 1
     # said to have a Norm after it: IWD would skip it, folding refuse it
     (dict(DECLARED=AFTER_NORM), r"declares a Norm after it \(AFTER_NORM\), but it folds into "
-                                r"blocks\.\d\.attn\.proj\.weight's columns"),
+                                r"blocks\.\d\.attn\.proj\.weight's columns", None),
     # folds where it does not act: the fold drops it
-    (dict(DECLARED=(("qkv.weight", "columns"),)), r"does not fold where it declares")],
-    ids=["init_tenth", "declared_after_norm", "folded_elsewhere"])
-def test_a_wrong_toy_location_fails_the_generic_checks(monkeypatch, toy, fails):
-    """Each of three silent mistakes a fork can make, made on the toy location, fails a generic
-    check with a message naming the vector."""
-    register_the_toys(monkeypatch, **toy)
-    with pytest.raises(AssertionError, match=r"blocks\.\d\.attn\.gate.* " + fails):
-        check_all("none", "pre")
-
-
-BUILT = r"^blocks\.0\.attn\.gate: folds_into must be AFTER_NORM or"   # refused when it is read
-
-
-@pytest.mark.parametrize("declared, refused", [
-    ((), BUILT), (None, BUILT), ((("proj.weight", "sideways"),), BUILT),
+    (dict(DECLARED=(("qkv.weight", "columns"),)), r"does not fold where it declares", None),
+    *[(dict(DECLARED=d), None, BUILT) for d in ((), None, (("proj.weight", "sideways"),))],
     # a weight the model has not, or one whose shape the vector does not fit (proj has 32 rows,
     # the gate 2 entries): folding names the vector, and the generic checks fail
-    ((("prj.weight", "columns"),), r"^blocks\.0\.attn\.gate declares folds_into="),
-    ((("proj.weight", "rows"),), r"^blocks\.0\.attn\.gate declares folds_into=")])
-def test_a_declaration_the_model_cannot_use_is_refused(monkeypatch, declared, refused):
-    register_the_toys(monkeypatch, DECLARED=declared)
-    with pytest.raises(ValueError, match=refused):
-        make(sv_headgate=True).fold_scale_vectors()
+    *[(dict(DECLARED=(d,)), None, "declares folds_into=")
+      for d in (("prj.weight", "columns"), ("proj.weight", "rows"))]],
+    ids=["init_tenth", "declared_after_norm", "folded_elsewhere", "empty", "none", "sideways",
+         "no_such_weight", "rows_misfit"])
+def test_a_wrong_toy_location_fails_the_generic_checks(monkeypatch, toy, fails, refused):
+    """Each silent mistake a fork can make, made on the toy location, fails a generic check with a
+    message naming the vector; a declaration the model cannot use, folding refuses, naming it."""
+    register_the_toys(monkeypatch, **toy)
+    if refused:
+        with pytest.raises(ValueError, match=r"^blocks\.0\.attn\.gate:? " + refused):
+            make(sv_headgate=True).fold_scale_vectors()
     if refused != BUILT:
-        with pytest.raises((AssertionError, KeyError, RuntimeError, AttributeError)):
-            check_folding("none", "pre")
+        with pytest.raises((AssertionError, KeyError, RuntimeError, AttributeError),
+                           match=fails and r"blocks\.\d\.attn\.gate.* " + fails):
+            for check in CHECKS if fails else (check_folding,):   # where a misfit shows
+                check("none", "pre")
 
 
 # ---- README's variants table says where each flag's vectors act, as they declare ---------------

@@ -22,11 +22,8 @@ TEXT = "First Citizen:\nBefore we proceed any further, hear me. naïve 日本語
 
 
 @pytest.fixture(autouse=True)
-def in_tmp(tmp_path, monkeypatch):   # one thread: models this small, 10-50x faster on 2 busy cores
+def in_tmp(tmp_path, monkeypatch, one_thread):   # one_thread: conftest's
     monkeypatch.chdir(tmp_path)
-    threads = torch.get_num_threads()
-    yield torch.set_num_threads(1)
-    torch.set_num_threads(threads)
 
 
 def files():   # every file under the test's folder, and its bytes

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from conftest import ROOT
+from helpers import ROOT
 from tools import gpu_check
 
 
