@@ -121,6 +121,19 @@ def pick_device(name):
     return name or next(k for k in has if has[k])
 
 
+def keep_freed_memory():
+    """On a CPU, make glibc keep freed blocks of up to 32 MB for the next allocation instead of
+    handing them back to the OS, which then faults each step's activations in again, zeroed: the
+    unified strategy's step on the CPU recipe took 36.4 ms without, 33.7 with (7%; train.py, 500
+    iterations of config/unified_char.py, 3 pairs), the baseline's 3% less. Elsewhere: nothing."""
+    import ctypes
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):   # macOS, Windows, musl: their allocators differ
+        return
+    mallopt(-3, 32 << 20), mallopt(-1, 1 << 30)   # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
+
+
 # ---- the values each key allows: (predicate, the allowed range in words) ------------------------
 TRAIN_RULES = {
     "out_dir": folder,

@@ -38,8 +38,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from config.defaults import (DEFAULTS, TRAIN_RULES, at_least, boolean, help_comments, one_of,
-                             pick_device)
+from config.defaults import (DEFAULTS, TRAIN_RULES, at_least, boolean, help_comments,
+                             keep_freed_memory, one_of, pick_device)
 from configurator import ConfigError, configure
 from dataset import load_meta
 from model import GPT, GPTConfig
@@ -178,8 +178,9 @@ def build(cfg):
     dtype = cfg["dtype"] or ("bfloat16" if device.startswith("cuda") else "float32")
     gcfg = model_config(cfg)
     vocab = gcfg.vocab_size
-    if device == "cpu" and cfg["cpu_threads"]:   # as train.py
-        torch.set_num_threads(cfg["cpu_threads"])
+    if device == "cpu":   # as train.py
+        keep_freed_memory()
+        torch.set_num_threads(cfg["cpu_threads"] or torch.get_num_threads())
     torch.manual_seed(0)
     model = (GPT2(gcfg) if cfg["arch"] == "gpt2" else GPT(gcfg)).to(device)
     if dtype == "float64":   # as train.py: a reference run
