@@ -160,7 +160,8 @@ class ScaledLinear(nn.Module):
 
     def __init__(self, d_in, d_out, cfg, branches=(), head=0, experts=0, dual=True, own_g_in=True):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(*(experts,) * bool(experts), d_out, d_in))
+        lead = (experts,) if experts else ()   # an MoE's experts, stacked: (E, out, in)
+        self.weight = nn.Parameter(torch.empty(*lead, d_out, d_in))   # GPT._init_weights draws it
         self.experts, self.n_blocks, self.eps = experts, max(len(branches), 1), cfg.norm_eps
         self.n_split = self.n_blocks // max(experts, 1)   # row blocks of one expert's weight
         names, sv = branches or None, cfg.scale_vectors
