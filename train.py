@@ -65,7 +65,8 @@ torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
 if device_type == "cpu":
     keep_freed_memory()   # glibc's: 7% off a CPU step of the unified strategy (config/defaults.py)
-    torch.set_num_threads(cpu_threads or torch.get_num_threads())
+    if cpu_threads:
+        torch.set_num_threads(cpu_threads)
 if master:
     threads = f" ({torch.get_num_threads()} threads)" if device_type == "cpu" else ""
     print(f"{world_size} process(es) on {device}{threads} in {dtype}; {tokens_per_iter:,} tokens "

@@ -180,7 +180,8 @@ def build(cfg):
     vocab = gcfg.vocab_size
     if device == "cpu":   # as train.py
         keep_freed_memory()
-        torch.set_num_threads(cfg["cpu_threads"] or torch.get_num_threads())
+        if cfg["cpu_threads"]:
+            torch.set_num_threads(cfg["cpu_threads"])
     torch.manual_seed(0)
     model = (GPT2(gcfg) if cfg["arch"] == "gpt2" else GPT(gcfg)).to(device)
     if dtype == "float64":   # as train.py: a reference run
