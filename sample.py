@@ -18,9 +18,10 @@ import torch
 
 import checkpoint
 import telemetry
-from config.defaults import at_least, device_name, folder, pick_device
+from config.defaults import at_least, device_name, folder
 from configurator import configure, key_comments
 from dataset import meta_problem
+from runtime import pick_device
 from tokenizer import decode_stream, get_tokenizer
 
 out_dir = "out"         # the run to sample from: its newest complete checkpoint

@@ -25,11 +25,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import checkpoint
 import telemetry
-from config.defaults import (DEFAULTS, PAIR_RULES, TRAIN_RULES, help_comments, keep_freed_memory,
-                             pick_device)
+from config.defaults import DEFAULTS, PAIR_RULES, TRAIN_RULES, help_comments
 from configurator import configure
 from dataset import dataset_dir, load_meta, read_rows, token_file, vocabulary
 from model import GPT, GPTConfig
+from runtime import pick_device, setup_cpu
 
 # ---- config: every key of config/defaults.py becomes a global here ------------------------------
 config = configure(DEFAULTS, sys.argv[1:], TRAIN_RULES, PAIR_RULES, __doc__, help_comments)
@@ -64,9 +64,7 @@ weights_dtype = torch.float64 if dtype == "float64" else torch.float32
 torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
 if device_type == "cpu":
-    keep_freed_memory()   # glibc's: 7% off a CPU step of the unified strategy (config/defaults.py)
-    if cpu_threads:
-        torch.set_num_threads(cpu_threads)
+    setup_cpu(cpu_threads)
 if master:
     threads = f" ({torch.get_num_threads()} threads)" if device_type == "cpu" else ""
     print(f"{world_size} process(es) on {device}{threads} in {dtype}; {tokens_per_iter:,} tokens "

@@ -15,7 +15,7 @@ import os
 import re
 from dataclasses import fields
 
-from configurator import ConfigError, configure, key_comments
+from configurator import configure, key_comments
 from model import DECAY_POLICIES, DNP_WIDTHS, PLACEMENTS, REPARAMS, GPTConfig
 
 # ---- I/O ----
@@ -107,31 +107,6 @@ boolean = (lambda v: isinstance(v, bool), "True or False")
 folder = (lambda v: v.strip() != "", "a folder name")
 device_name = (lambda v: re.fullmatch(r"(cpu|cuda(:\d+)?|mps)?", v) is not None,
                "'' (pick one), 'cpu', 'cuda', 'cuda:N' or 'mps'")
-
-
-def pick_device(name):
-    """The device to run on: `name` ('' picks cuda, then mps, then cpu), if this machine has it."""
-    import torch
-    has = {"cuda": torch.cuda.device_count(), "mps": int(torch.backends.mps.is_available()),
-           "cpu": 1}
-    kind, _, index = name.partition(":")
-    if name and has[kind] <= int(index or 0):
-        raise ConfigError(f"device={name!r}, but this machine has {has[kind]} {kind.upper()} "
-                          "device(s) torch can use: use --device=cpu (or leave it empty)")
-    return name or next(k for k in has if has[k])
-
-
-def keep_freed_memory():
-    """On a CPU, make glibc keep freed blocks of up to 32 MB for the next allocation instead of
-    handing them back to the OS, which then faults each step's activations in again, zeroed: the
-    unified strategy's step on the CPU recipe took 36.4 ms without, 33.7 with (7%; train.py, 500
-    iterations of config/unified_char.py, 3 pairs), the baseline's 3% less. Elsewhere: nothing."""
-    import ctypes
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):   # macOS, Windows, musl: their allocators differ
-        return
-    mallopt(-3, 32 << 20), mallopt(-1, 1 << 30)   # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
 
 
 # ---- the values each key allows: (predicate, the allowed range in words) ------------------------

@@ -38,11 +38,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from config.defaults import (DEFAULTS, TRAIN_RULES, at_least, boolean, help_comments,
-                             keep_freed_memory, one_of, pick_device)
+from config.defaults import DEFAULTS, TRAIN_RULES, at_least, boolean, help_comments, one_of
 from configurator import ConfigError, configure
 from dataset import load_meta
 from model import GPT, GPTConfig
+from runtime import pick_device, setup_cpu
 from telemetry import peak_flops
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
@@ -179,9 +179,7 @@ def build(cfg):
     gcfg = model_config(cfg)
     vocab = gcfg.vocab_size
     if device == "cpu":   # as train.py
-        keep_freed_memory()
-        if cfg["cpu_threads"]:
-            torch.set_num_threads(cfg["cpu_threads"])
+        setup_cpu(cfg["cpu_threads"])
     torch.manual_seed(0)
     model = (GPT2(gcfg) if cfg["arch"] == "gpt2" else GPT(gcfg)).to(device)
     if dtype == "float64":   # as train.py: a reference run

@@ -40,10 +40,10 @@ import tempfile
 import time
 import warnings
 
-from telemetry import read_metrics
-from config.defaults import train_config
-from config.defaults import one_of, pick_device
+from config.defaults import one_of, train_config
 from configurator import ConfigError, configure
+from runtime import pick_device
+from telemetry import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 
