@@ -8,11 +8,12 @@ by g_j times it under AdamW (which normalizes each entry's step), plus what the 
 """
 import json
 import os
+from dataclasses import replace
 
 import torch
 
 import checkpoint
-from model import REPARAMS, ScaledLinear, ScaleVector
+from model import GPT, ScaleVector
 
 
 @torch.no_grad()
@@ -29,14 +30,20 @@ def vector_stats(model):
 
 
 def fed_vectors(model):
-    """{map: (its ScaledLinear, the ScaleVectors declared on its columns)} for every linear map fed
-    by Norm(x) (qkv, gate|up, the experts, the router, the head): the maps whose folded weight
-    W diag(g) the vectors precondition (paper 2.2), g the product of every vector whose folds_into
-    names the map's columns (GPT.vector_sites: an MoE's g_ffn on its router and experts, and any
-    second vector on a map)."""
+    """{map: (its module, the ScaleVectors declared on its columns)} for every linear map that a
+    vector feeds, as the vectors declare it (GPT.vector_sites): q|k|v, gate|up, the experts, the
+    router, the head. These are the maps whose folded weight W diag(g) the vectors precondition
+    (paper 2.2), and g is the product of every vector on the map's columns. A model without
+    vectors is measured on the maps its vectors would feed."""
+    twin = model
+    if not model.config.scale_vectors:   # the same model with vectors, on no memory
+        with torch.device("meta"):
+            twin = GPT(replace(model.config, scale_vectors=True))
     sites, modules = model.vector_sites(), dict(model.named_modules())
-    return {name: (m, [modules[v] for v, s in sites.items() if (f"{name}.weight", "columns") in s])
-            for name, m in modules.items() if isinstance(m, ScaledLinear)}
+    fed = dict.fromkeys(w for s in twin.vector_sites().values() for w, side in s
+                        if side == "columns")
+    return {w.removesuffix(".weight"): (modules[w.removesuffix(".weight")], [
+        modules[v] for v, s in sites.items() if (w, "columns") in s]) for w in fed}
 
 
 def fed_g(svs, d, g_of):
@@ -51,13 +58,14 @@ def fed_g(svs, d, g_of):
 
 def sgd_g(sv, lr):
     """sv's g in float64 after a plain SGD step of lr on its raw parameters (lr 0: g as it is)."""
-    raw = {n: getattr(sv, n) for n in REPARAMS[sv.reparam].params}
-    return REPARAMS[sv.reparam].g({n: p.double() - lr * p.grad.double() if lr and p.grad is not None
-                                   else p.double() for n, p in raw.items()}, sv.eps)
+    raw = {n: getattr(sv, n) for n in sv.reparam.params}
+    return sv.reparam.g({n: p.double() - lr * p.grad.double() if lr and p.grad is not None
+                         else p.double() for n, p in raw.items()}, sv.eps)
 
 
 def blocks(m, W):
-    return W.reshape(m.n_blocks, -1, W.size(-1)).float()   # (out, in) -> (blocks, rows, in)
+    """W as (branches, rows, in): a ScaledLinear's row block per branch, or one for the head."""
+    return W.reshape(getattr(m, "n_blocks", 1), -1, W.size(-1)).float()
 
 
 @torch.no_grad()

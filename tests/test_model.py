@@ -47,16 +47,16 @@ def test_parameter_counts_closed_formulas_dense_and_moe_and_the_flops(monkeypatc
     assert extra(MOE, sv_placement="dnp", sv_dnp_width="head") == L * (3 * hd + 2 * 4 + 2 * 1)
     # an MoE layer: router, E experts, the shared one instead of the dense SwiGLU; a token sees k
     moe, dense = make(**MOE, moe_dense_layers=1), make()
-    he, E, k, s = (getattr(moe.config, a) for a in ("expert_hidden", "n_experts",
-                                                      "n_experts_active", "n_shared_experts"))
+    he, E, k, s = (model_py.expert_hidden(moe.config), *(getattr(moe.config, a) for a in (
+        "n_experts", "n_experts_active", "n_shared_experts")))
     layer = d * E + 3 * d * he * E + 3 * d * he * s
     assert moe.num_params() == dense.num_params() + layer - 3 * d * h
     assert moe.num_active_params() == moe.num_params() - 3 * d * he * (E - k)
     assert dense.num_active_params() == dense.num_params()
     assert (moe.flops_per_token()
             < GPT(GPTConfig(**TINY, **{**MOE, "n_experts": 16})).flops_per_token() + 6 * d * 12)
-    assert GPTConfig(n_embd=768, n_experts=8, n_experts_active=2,
-                     n_shared_experts=1).expert_hidden == 704   # 2048 / 3
+    assert model_py.expert_hidden(GPTConfig(n_embd=768, n_experts=8, n_experts_active=2,
+                                            n_shared_experts=1)) == 704   # 2048 / 3
     # the peak for MFU: fp32 uses TF32 (half of bf16's); an unknown GPU has none (a CPU: test_bench)
     peak, gpu = telemetry.peak_flops, torch.device("cuda")
     for name, bf16 in (("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA Z9000", None)):
@@ -129,11 +129,11 @@ def test_the_initial_weights_are_pinned_and_follow_the_role():
                 writer = n.endswith(("attn.proj.weight", "mlp.down", "down.weight"))
                 want = residual if writer else 0.02
                 assert abs(p.std().item() - want) < tol * want, (n, p.std().item())
-    # a fork's gain outside a ScaleVector (decay and folding would not know it) has no init rule
+    # a fork's gain outside a ScaleVector (decay and folding would not know it) has no class
     model = make()
     model.blocks[0].attn.register_parameter("gain", nn.Parameter(torch.ones(32)))
-    with pytest.raises(ValueError, match="blocks.0.attn.gain has no init rule"):
-        model._init_weights()
+    with pytest.raises(ValueError, match="blocks.0.attn.gain has no class"):
+        model.param_classes()
 
 
 @pytest.mark.parametrize("width", ["full", "head"])
@@ -280,14 +280,14 @@ def test_the_telemetry_names_each_vector_and_reads_constructed_maps_exactly():
 
 
 def test_the_first_reading_is_contiguous():
-    """model.py's first reading (named by content) ends with GPT.forward: the tables and the
-    modules; the config's checks and the MoE after."""
+    """model.py's first reading (named by content) ends with GPT.forward: the tables, the modules
+    and the config's fields; the config's checks and the MoE come after."""
     lines, start = inspect.getsourcelines(model_py.GPT.forward)
     end = start + len(lines) - 1
     first = (model_py.ScaleVector, model_py.ScaledLinear, model_py.OutputNorm,
-             model_py.Attention, model_py.SwiGLU, model_py.Block)
-    later = (model_py.GPT.param_groups, model_py.GPT.fold_scale_vectors, model_py.GPTConfig,
-             model_py.check_config, model_py.MoE)
+             model_py.Attention, model_py.SwiGLU, model_py.Block, model_py.GPTConfig)
+    later = (model_py.GPT.param_groups, model_py.GPT.fold_scale_vectors, model_py.check_config,
+             model_py.ExpertsLinear, model_py.MoE)
     assert all(inspect.getsourcelines(o)[1] < end for o in first)
     assert all(inspect.getsourcelines(o)[1] > end for o in later)
     assert "to the end of GPT.forward" in " ".join(model_py.__doc__.split())

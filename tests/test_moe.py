@@ -58,7 +58,8 @@ def test_topk_gates_and_exactly_k_experts_per_token_and_top1_gates_learn(variant
     gpt, moe = moe_layer(n_experts=8, n_experts_active=3, n_shared_experts=0, **VARIANTS[variant])
     randomize_scale_vectors(gpt)
     moe.expert_bias.copy_(0.3 * torch.randn(8, generator=torch.Generator().manual_seed(4)))
-    ids, gates, scores = moe.route(x := inputs())
+    x = inputs()   # the router sees the layer's input times g_ffn, as each expert does
+    ids, gates, scores = moe.route(x * moe.g_in().view(-1) if moe.g_in is not None else x)
     biased = scores + moe.expert_bias   # the k largest of scores + bias are chosen ...
     chosen, rest = biased.gather(-1, ids), biased.scatter(-1, ids, -float("inf"))
     assert ids.shape == (48, 3) and (chosen.min(-1).values >= rest.max(-1).values).all()
