@@ -5,6 +5,7 @@ one whole; checkpoints load with weights_only=True; one trainer at a time holds 
 """
 import errno
 import fcntl
+import math
 import os
 import re
 
@@ -55,6 +56,13 @@ def last_good(out_dir, advice="resume from it with --init_from=resume"):
     name = latest_name(out_dir)
     return (f"the last good checkpoint is {os.path.join(out_dir, name)}: {advice}" if name
             else "no checkpoint was saved: start again")
+
+
+def check_finite(what, value, step, out_dir):
+    """A NaN or inf loss ends the run in one sentence, and nothing after it is saved."""
+    if not math.isfinite(value):
+        raise CheckpointError(f"{what} is {value} at step {step}; " + last_good(
+            out_dir, "resume from it with --init_from=resume and a lower learning_rate"))
 
 
 def atomic_write(path, write):

@@ -78,3 +78,18 @@ def read_rows(data, starts, n, vocab_size):
         raise SystemExit(f"error: {data.filename} holds token id {rows.max()}, beyond vocab_size="
                          f"{vocab_size} in its meta.json: prepare the dataset again")
     return rows
+
+
+def eval_windows(n, block_size, rows, iters=None, rank=0, world_size=1):
+    """This process's share of an evaluation over the first n tokens of a split, as batches of
+    (starts, length) windows of up to `rows` rows. With `iters`, that many batches at fixed, evenly
+    spaced offsets, the same in every run. Without, windows that tile every target, the last one
+    shorter."""
+    if iters:
+        starts = np.linspace(0, n - block_size - 1, iters * rows).astype(np.int64)
+    else:
+        starts = np.arange((n - 1) // block_size) * block_size
+    for k in range(rank * rows, len(starts), world_size * rows):
+        yield starts[k : k + rows], block_size + 1
+    if not iters and (n - 1) % block_size and rank == 0:   # the rest, a shorter window
+        yield [len(starts) * block_size], (n - 1) % block_size + 1

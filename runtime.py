@@ -5,6 +5,7 @@ sample.py and the tools share these, so they behave alike on one machine.
 import ctypes
 
 import torch
+import torch.distributed as dist
 
 from configurator import ConfigError
 
@@ -37,3 +38,13 @@ def keep_freed_memory():
     except (OSError, AttributeError):   # macOS, Windows, musl
         return
     mallopt(-3, 32 << 20), mallopt(-1, 1 << 30)   # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
+
+
+def any_process(flag, device):
+    """Whether `flag` is True on any process (on every process alike under DDP), so that they all
+    act at the same step."""
+    if not dist.is_initialized():
+        return flag
+    t = torch.tensor(float(flag), device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item() > 0

@@ -157,18 +157,20 @@ def slope(x, y):
 # ---- the run's log: metrics.jsonl, and wandb -------------------------------------------------
 
 class RunLog:
-    """out_dir/metrics.jsonl, a JSON record per line, and Weights & Biases when asked (as in
-    nanoGPT: its files in out_dir, a resumed run continues its run). resume_at: a resumed run's
-    step, after which what the interrupted run logged is dropped. wandb: wandb.init's arguments."""
+    """out_dir/metrics.jsonl, a JSON record per line, and Weights & Biases when a config is given
+    (as in nanoGPT, its files in out_dir, and a resumed run continues its wandb run `wandb_id`).
+    resume_at is a resumed run's step, after which what the interrupted run logged is dropped."""
 
-    def __init__(self, out_dir, resume_at=None, wandb=None):
+    def __init__(self, out_dir, resume_at=None, wandb_config=None, wandb_id=None):
         path, self.out_dir, self.wandb = os.path.join(out_dir, "metrics.jsonl"), out_dir, None
         if resume_at is not None:
             trim_metrics(path, resume_at)
         self.file = open(path, "a")
-        if wandb:
-            import wandb as wb
-            self.wandb = wb.init(resume="allow", dir=out_dir, **wandb)
+        if wandb_config:
+            import wandb
+            name = wandb_config["wandb_run_name"] or os.path.basename(os.path.normpath(out_dir))
+            self.wandb = wandb.init(project=wandb_config["wandb_project"], id=wandb_id, name=name,
+                                    config=wandb_config, resume="allow", dir=out_dir)
 
     def log(self, record=None, durable=False):
         """Append a record; durable=True: fsync, as before a checkpoint (a resume trims to it)."""

@@ -5,10 +5,10 @@ Pre-train the GPT of model.py on one process, or on many with DDP through torchr
     python train.py config/shakespeare_char.py --init_from=resume  # continue from the checkpoint
     torchrun --standalone --nproc_per_node=8 train.py config/unified_124m.py
 
-Every name in config/defaults.py is a key: a config file sets some, then --key=value overrides
-(configurator.py); `python train.py --help` lists them. Config files are Python, executed here: run
-only those you trust. A bad input (a key, the data, a checkpoint) ends the run with one sentence,
-raised where it is checked (configurator.py, dataset.py, checkpoint.py), before anything is written.
+Every name in config/defaults.py is a key. A config file sets some, then --key=value overrides them
+(configurator.py), and `python train.py --help` lists them all. Config files are Python and run
+here, so run only those you trust. Bad input (a key, the data, a checkpoint) ends the run with one
+sentence from where it is checked, before anything is written.
 """
 import math
 import os
@@ -27,9 +27,9 @@ import checkpoint
 import telemetry
 from config.defaults import DEFAULTS, PAIR_RULES, TRAIN_RULES, help_comments
 from configurator import configure
-from dataset import dataset_dir, load_meta, read_rows, token_file, vocabulary
+from dataset import dataset_dir, eval_windows, load_meta, read_rows, token_file, vocabulary
 from model import GPT, GPTConfig
-from runtime import pick_device, setup_cpu
+from runtime import any_process, pick_device, setup_cpu
 
 # ---- config: every key of config/defaults.py becomes a global here ------------------------------
 config = configure(DEFAULTS, sys.argv[1:], TRAIN_RULES, PAIR_RULES, __doc__, help_comments)
@@ -58,9 +58,7 @@ dtype = dtype or ("bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_sup
                   else "float32")
 autocast = (torch.autocast(device_type, dtype=torch.bfloat16) if dtype == "bfloat16"
             else nullcontext())
-# float64 weights for a reference run: rounding far below what Adam could amplify into a visible
-# step (the pinned run of tests/test_train.py); else float32
-weights_dtype = torch.float64 if dtype == "float64" else torch.float32
+weights_dtype = torch.float64 if dtype == "float64" else torch.float32   # float64: a reference run
 torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
 if device_type == "cpu":
@@ -70,7 +68,7 @@ if master:
     print(f"{world_size} process(es) on {device}{threads} in {dtype}; {tokens_per_iter:,} tokens "
           f"per iteration ({accum} micro-steps x {world_size} x {batch_size} x {block_size})")
 
-# ---- data: uint16 token files; a batch depends only on (seed, step, micro-step) ---------------
+# ---- data: uint16 token files, and a batch that depends only on (seed, step, micro-step) -------
 data_dir = dataset_dir(dataset)
 meta = load_meta(data_dir)
 splits = {s: token_file(data_dir, s, block_size, meta["vocab_size"], train_tokens * (s == "train"))
@@ -78,7 +76,7 @@ splits = {s: token_file(data_dir, s, block_size, meta["vocab_size"], train_token
 
 
 def batch(split, starts, n=block_size + 1):
-    """x, y: a row of n - 1 tokens of the split from each start, y shifted by one, on the device."""
+    """x and y, a row of n - 1 tokens of the split from each start, y shifted by one token."""
     rows = torch.from_numpy(read_rows(splits[split], starts, n, meta["vocab_size"]))
     x, y = rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
     if device_type == "cuda":
@@ -88,30 +86,20 @@ def batch(split, starts, n=block_size + 1):
 
 
 def train_batch(step, micro):
-    """Micro-batch `micro` of this process at `step`: a pure function of (seed, step, global
-    micro-batch), so a resumed run, and any split of the global batch over processes, sees the
-    same data."""
+    """This process's micro-batch `micro` at `step`, a function of the seed, the step and the
+    global micro-batch only, so that a resumed run, or another number of processes, sees the same
+    data."""
     rng = np.random.default_rng([seed, step, micro * world_size + rank])
     return batch("train", rng.integers(0, len(splits["train"]) - block_size - 1, size=batch_size))
 
 
 def eval_batches(split, full=False):
-    """This process's share of an evaluation's batches: eval_iters batches at fixed, evenly spaced
-    offsets, the same for every run; full=True: every target of the val split (windows that tile
-    it, the last one shorter), and as many tokens from the start of the train split."""
-    if not full:
-        starts = np.linspace(0, len(splits[split]) - block_size - 1,
-                             eval_iters * batch_size).astype(np.int64)
-        rows = batch_size
-    else:
-        targets = min(len(splits[split]), len(splits["val"])) - 1
-        starts = np.arange(targets // block_size) * block_size
-        # a CPU is fastest at about a micro-batch (256 x 64 took 1.3x as long as 12 x 64)
-        rows = batch_size if device_type == "cpu" else max(batch_size, 2 ** 14 // block_size)
-    for k in range(rank * rows, len(starts), world_size * rows):
-        yield batch(split, starts[k : k + rows])
-    if full and targets % block_size and rank == 0:   # the last, shorter window
-        yield batch(split, [len(starts) * block_size], targets % block_size + 1)
+    """This process's batches of an evaluation: eval_iters batches at fixed offsets, or with full,
+    every target of the val split and as many tokens of the train split."""
+    n = min(len(splits[split]), len(splits["val"])) if full else len(splits[split])
+    for starts, length in eval_windows(n, block_size, batch_size, None if full else eval_iters,
+                                       rank, world_size):
+        yield batch(split, starts, length)
 
 
 # ---- model and optimizers, from scratch or from the last checkpoint ----------------------------
@@ -124,17 +112,13 @@ if init_from == "resume":
     iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
     if master:
         print(note)
-try:
-    gpt_config = GPTConfig(**model_args)
-except ValueError as e:   # flags that contradict each other (model.check_config)
-    sys.exit(f"error: {e}")
 torch.manual_seed(seed)
-model = raw_model = GPT(gpt_config).to(device, weights_dtype)
+model = raw_model = GPT(GPTConfig(**model_args)).to(device, weights_dtype)
 optimizers = raw_model.configure_optimizers(
     learning_rate=learning_rate, weight_decay=weight_decay, betas=(beta1, beta2),
     sv_weight_decay=sv_weight_decay, sv_decay=None if sv_decay < 0 else sv_decay,
     optimizer=optimizer, muon_lr=muon_lr, muon_momentum=muon_momentum)
-if master:   # a gain silently decayed toward 0 is the classic confound of a scale-vector study
+if master:   # which vectors are decayed is printed, since a silent decay would confound the study
     print(f"model: {model.num_params() / 1e6:.2f}M parameters "
           f"({model.num_active_params() / 1e6:.2f}M active per token)")
     print(f"{'class':<10} {'optim':<6} {'tensors':>7} {'params':>12} {'lr':>8} {'decay':>6}")
@@ -142,13 +126,13 @@ if master:   # a gain silently decayed toward 0 is the classic confound of a sca
         print(f"{g['name']:<10} {g['optimizer']:<6} {len(g['params']):>7} "
               f"{sum(p.numel() for p in g['params']):>12,} {g['base_lr'] * g['lr_mult']:>8.1e} "
               f"{g['weight_decay']:>6}")
-if ckpt:   # the weights and the moments; this run's config keeps its own lr, decay, betas
+if ckpt:   # the weights and the moments, while this run keeps its own lr, decay and betas
     checkpoint.restore(raw_model, optimizers, ckpt, ckpt_path)
 wandb_id = (ckpt or {}).get("wandb_id") or os.urandom(4).hex()   # a resume continues its run
 ckpt = None   # free memory
 if compile:
     model = torch.compile(model)
-eval_model = model   # evaluations need no DDP: the processes sum their losses themselves
+eval_model = model   # evaluations need no DDP, since the processes sum their losses themselves
 if ddp:
     model = DDP(model, device_ids=[torch.device(device).index] if device_type == "cuda" else None)
 
@@ -172,8 +156,8 @@ def evaluate(full=False):
 
 
 def lr_factor(it):
-    """Every group's learning rate at step `it`, over its own peak: linear warmup, then the
-    schedule, which ends at min_lr / learning_rate at lr_decay_iters."""
+    """Every group's learning rate at step `it` over its peak. A linear warmup, then the schedule,
+    which reaches min_lr / learning_rate at lr_decay_iters."""
     floor = min_lr / learning_rate
     if it < warmup_iters:
         return (it + 1) / (warmup_iters + 1)
@@ -182,23 +166,22 @@ def lr_factor(it):
     if lr_schedule == "cosine":
         progress = min((it - warmup_iters) / max(lr_decay_iters - warmup_iters, 1), 1.0)
         return floor + (1 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
-    decay_start = max(warmup_iters, lr_decay_iters * (1 - wsd_decay_frac))   # wsd: stable, decay
+    decay_start = max(warmup_iters, lr_decay_iters * (1 - wsd_decay_frac))   # wsd
     progress = min(max(it - decay_start, 0) / max(lr_decay_iters - decay_start, 1), 1.0)
     return floor + (1 - floor) * (1 - (progress if wsd_shape == "linear" else math.sqrt(progress)))
 
 
-# ---- the run folder (a lock, metrics.jsonl, checkpoints), a NaN stop, preemption ---------------
-if master:   # a scratch run clears an earlier one (--overwrite=True); a resume trims its metrics
-    lock = checkpoint.open_run(out_dir, init_from)   # held until the process exits
-    run_log = telemetry.RunLog(out_dir, iter_num if init_from == "resume" else None, wandb=(
-        wandb_log and dict(project=wandb_project, id=wandb_id, config=config,
-                           name=wandb_run_name or os.path.basename(os.path.normpath(out_dir)))))
+# ---- the run folder: its lock, its log and its checkpoints ------------------------------------
+if master:   # the lock is held until the process exits, and a resume trims the log
+    lock = checkpoint.open_run(out_dir, init_from)
+    run_log = telemetry.RunLog(out_dir, iter_num if init_from == "resume" else None,
+                               config if wandb_log else None, wandb_id)
 
 
 def save_checkpoint():
-    """Every process calls it: the master writes (never a non-finite model), the others wait."""
-    if master:   # no RNG state: nothing draws from one (a batch comes from (seed, step))
-        run_log.log(durable=True)   # a resume trims the log to its checkpoint
+    """Every process calls it. The master writes, and the others wait for it."""
+    if master:   # no RNG state is saved, since a batch is a function of (seed, step)
+        run_log.log(durable=True)
         print("saved", checkpoint.save(out_dir, {
             "model": raw_model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
             "model_args": model_args, "config": config, "iter_num": iter_num,
@@ -208,23 +191,9 @@ def save_checkpoint():
         dist.barrier()
 
 
-def check_finite(what, value):   # a NaN or inf loss ends the run: nothing after it is saved
-    if not math.isfinite(value):
-        sys.exit(f"error: {what} is {value} at step {iter_num}; " + checkpoint.last_good(
-            out_dir, "resume from it with --init_from=resume and a lower learning_rate"))
-
-
-stop = []   # preemption: SIGTERM / SIGINT finish the step, save and exit 0
+stop = []   # SIGTERM and SIGINT finish the step, save and exit 0
 for sig in (signal.SIGTERM, signal.SIGINT):
     signal.signal(sig, lambda sig, frame: stop.append(sig))
-
-
-def stop_requested():   # under DDP all agree, every step: torchrun kills 30 s after its SIGTERM
-    if not ddp:
-        return bool(stop)
-    flag = torch.tensor(float(bool(stop)), device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return flag.item() > 0
 
 
 # ---- the training loop --------------------------------------------------------------------------
@@ -235,7 +204,7 @@ start_iter, before = iter_num, None
 t_run = t0 = time.perf_counter()
 timed_steps = 0
 while True:
-    # a resumed run's first step was evaluated before its checkpoint was saved: not again
+    # a resumed run's first step was evaluated before its checkpoint was saved
     if (iter_num % eval_interval == 0 or iter_num == max_iters) and not (
             iter_num == start_iter and init_from == "resume"):
         losses = evaluate()
@@ -247,11 +216,11 @@ while True:
                          "scale_vectors": telemetry.vector_stats(raw_model),
                          "moe": raw_model.moe_stats()})
             before = telemetry.fed_maps(raw_model)   # for the next step's update
-        check_finite("validation loss", losses["val"])
+        checkpoint.check_finite("validation loss", losses["val"], iter_num, out_dir)
         best_val_loss = min(best_val_loss, losses["val"])
         if iter_num > start_iter:
             save_checkpoint()
-        t0, timed_steps = time.perf_counter(), 0   # evaluation is not training time
+        t0, timed_steps = time.perf_counter(), 0   # evaluations are not training time
     if iter_num >= max_iters:
         if final_eval and (iter_num > start_iter or init_from == "resume"):
             t_eval = time.perf_counter()
@@ -264,10 +233,10 @@ while True:
                 run_log.log({"kind": "final", "iter": iter_num, "val_loss": losses["val"],
                              "train_loss": losses["train"]})
         break
-    if stop_requested():
+    if any_process(bool(stop), device):   # every process stops at the same step
         if master:
             print(f"stop signal at step {iter_num}: saving and exiting")
-        save_checkpoint()   # ends with a barrier: no process leaves while the master writes
+        save_checkpoint()   # its barrier keeps every process until the master has written
         break
 
     factor = lr_factor(iter_num)
@@ -276,7 +245,7 @@ while True:
     step_loss = torch.zeros((), device=device, dtype=weights_dtype)
     for micro in range(accum):
         x, y = train_batch(iter_num, micro)
-        # DDP: all-reduce gradients on the last micro-step only
+        # DDP all-reduces the gradients on the last micro-step only
         with model.no_sync() if ddp and micro < accum - 1 else nullcontext():
             with autocast:
                 _, loss = model(x, y)
@@ -285,29 +254,29 @@ while True:
         step_loss += loss.detach()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
                                                grad_clip if grad_clip > 0 else float("inf"))
-    # paper 2.2: what a plain SGD step would do to the folded maps, from this step's gradients
+    # paper 2.2, what a plain SGD step would do to the folded maps, from this step's gradients
     sgd = telemetry.sgd_ratios(raw_model, learning_rate * factor) if before is not None else None
     for opt in optimizers:
         opt.step()
         opt.zero_grad(set_to_none=True)
-    raw_model.update_expert_bias(reduce=dist.all_reduce if ddp else None)   # MoE; else nothing
+    raw_model.update_expert_bias(reduce=dist.all_reduce if ddp else None)   # an MoE's balance
     iter_num += 1
     timed_steps += 1
-    if master and before is not None:   # paper 2.2: one step of the maps the vectors precondition
+    if master and before is not None:   # paper 2.2, one step of the maps the vectors precondition
         run_log.log({"kind": "precond", "iter": iter_num,
                      "maps": telemetry.preconditioning(raw_model, before, sgd)})
         before = None
 
-    if iter_num % log_interval == 0 or iter_num in (start_iter + 1, max_iters):   # first, last
+    if iter_num % log_interval == 0 or iter_num in (start_iter + 1, max_iters):
         if ddp:
             dist.all_reduce(step_loss, op=dist.ReduceOp.AVG)
-        loss_f = step_loss.item()   # waits for the device: only once per log interval
+        loss_f = step_loss.item()   # the only wait for the device, once per log interval
         dt = (time.perf_counter() - t0) / timed_steps
         t0, timed_steps = time.perf_counter(), 0
-        check_finite("training loss", loss_f)
+        checkpoint.check_finite("training loss", loss_f, iter_num, out_dir)
         if master:
             mfu = flops_per_iter / dt / peak if peak else None   # only against a known peak
-            left = int(dt * (max_iters - iter_num))   # of training; evaluations not counted
+            left = int(dt * (max_iters - iter_num))   # evaluations are not counted
             print(f"iter {iter_num}/{max_iters}: loss {loss_f:.4f}, lr {learning_rate * factor:.2e}"
                   f", {dt * 1000:.1f} ms/iter, {tokens_per_iter / dt:,.0f} tok/s"
                   + (f", mfu {100 * mfu:.1f}%" if mfu is not None else "")
@@ -317,6 +286,6 @@ while True:
                          "ms_per_iter": 1000 * dt, "tokens_per_s": tokens_per_iter / dt,
                          "mfu": mfu})
 
-if ddp:   # together: a rank that tore gloo down while rank 0 still wrote aborted once (SIGABRT)
+if ddp:   # every process leaves together, so none tears down gloo while another still writes
     dist.barrier()
     dist.destroy_process_group()

@@ -95,12 +95,8 @@ def one_of(*values):
     return (lambda v: v in values, "one of " + ", ".join(map(repr, values)))
 
 
-def key_of(table, name):
-    """A key of one of model.py's tables, read when checked: a fork's new entry is allowed."""
-    class Keys:
-        def __str__(self):
-            return f"one of {', '.join(map(repr, table))} (model.{name})"
-    return (lambda v: v in table, Keys())
+def key_of(table, name):   # a key of one of model.py's tables
+    return (lambda v: v in table, f"one of {', '.join(map(repr, table))} (model.{name})")
 
 
 boolean = (lambda v: isinstance(v, bool), "True or False")
@@ -148,6 +144,14 @@ TRAIN_RULES = {
 }
 
 
+def model_problem(c):
+    """GPTConfig's sentence on a config's model keys, or None when it builds a model."""
+    try:
+        GPTConfig(**{f.name: c[f.name] for f in fields(GPTConfig) if f.name != "vocab_size"})
+    except ValueError as e:   # flags that contradict each other (model.check_config)
+        return str(e)
+
+
 def decays_vectors(c):
     return bool(DECAY_POLICIES[c["sv_weight_decay"]]) and (
         c["sv_decay"] > 0 or c["sv_decay"] < 0 and c["weight_decay"] > 0)
@@ -155,6 +159,7 @@ def decays_vectors(c):
 
 # rules on several keys at once: (ok(config), why(config) in one sentence)
 PAIR_RULES = [
+    (lambda c: model_problem(c) is None, model_problem),
     (lambda c: not c["wandb_log"] or importlib.util.find_spec("wandb"),
      lambda c: "wandb_log=True needs the wandb package: pip install wandb"),
     # AdamW decays each raw parameter toward 0; ER's g = exp(beta + alpha - mean(alpha)) is then 1

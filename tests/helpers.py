@@ -212,5 +212,5 @@ def commands(doc):
     with open(os.path.join(ROOT, doc), encoding="utf-8") as f:   # split at the fence lines
         code = re.split(r"^```.*\n?", f.read(), flags=re.M)[1::2]
     lines = "".join(code).replace("\\\n", " ").splitlines()
-    return [w for w in map(lambda l: shlex.split(l, comments=True), lines)
+    return [w for w in (shlex.split(line, comments=True) for line in lines)
             if w and w[0] in ("python", "torchrun")]

@@ -99,3 +99,17 @@ def test_a_command_of_the_docs_exists_with_the_keys_it_passes(monkeypatch, capsy
 
 def test_the_parser_finds_the_commands():
     assert all(len(commands(doc)) >= 6 for doc in DOCS), [len(commands(d)) for d in DOCS]
+
+
+def test_the_readme_fork_example_runs_as_written(monkeypatch, capsys):
+    """README's forking example is code: run as written, it adds a REPARAMS entry and builds a model
+    whose vectors are exactly 1 at init."""
+    import model
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        code = re.search(r"## Forking.*?```python\n(.*?)```", f.read(), re.S).group(1)
+    monkeypatch.setattr(model, "REPARAMS", dict(model.REPARAMS))   # the entry goes with the test
+    exec(compile(code, "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    values = re.findall(r"[-\d.e]+(?=[,\]])", out)   # the printed tensor's entries
+    assert "square" in model.REPARAMS and values and set(values) == {"1."}, (
+        f"README's forking example printed {out!r}, not a vector of ones: fix the example")
