@@ -1,12 +1,10 @@
 """
-train.py's config keys, their defaults and the values each allows: the one place they are written.
-A config file (config/*.py) sets some of them, then --key=value overrides (configurator.py), then
-TRAIN_RULES and PAIR_RULES (below) check every value before train.py writes anything. bench.py and
-reproduce.py read the same keys here, as values (train_config), so `max_iters = 5 * 1000` below
-changes nothing for them.
+train.py's config keys, with their defaults, what each does and the values each allows. A config
+file (config/*.py) sets some of them, --key=value overrides them (configurator.py), and the rules
+below check every value before train.py writes anything. tools/bench.py and study/reproduce.py read
+a config the same way, through train_config.
 
-Every module-level value up to DEFAULTS is a key; the model's keys are the fields of
-model.GPTConfig.
+Every module-level value up to DEFAULTS is a key, and so is every field of model.GPTConfig.
 """
 import functools
 import importlib.util
