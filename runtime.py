@@ -34,7 +34,7 @@ def setup_cpu(threads=0):
         idle, cores = idle_cores()
         if idle is not None:   # Linux
             threads = max(1, min(idle, torch.get_num_threads()))
-            said = f": {idle} of {cores} cores were idle at start (--cpu_threads=N sets them)"
+            said = f": {idle} of {cores} cores were idle at start, --cpu_threads=N sets them"
     if threads:
         torch.set_num_threads(threads)
     n = torch.get_num_threads()

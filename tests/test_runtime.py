@@ -45,7 +45,7 @@ def torch_threads(monkeypatch):
 
 
 @pytest.mark.parametrize("threads, omp, idle, used, said", [
-    (0, None, (1, 2), 1, "1 thread: 1 of 2 cores were idle at start (--cpu_threads=N sets them)"),
+    (0, None, (1, 2), 1, "1 thread: 1 of 2 cores were idle at start, --cpu_threads=N sets them"),
     (0, None, (0, 2), 1, "1 thread: 0 of 2 cores were idle at start"),   # at least one
     (0, None, (8, 8), 2, "2 threads: 8 of 8 cores"),   # at most torch's default
     (0, None, (None, None), 2, "2 threads"),   # no /proc/stat: torch's default

@@ -266,7 +266,7 @@ def vocab_tokenizer(vocab):
     sequence into U+FFFD, as tokenizer.py does."""
     one_each = {"type": "Split", "pattern": {"Regex": r"[\s\S]"}, "behavior": "Isolated",
                 "invert": False}
-    model = {"type": "WordLevel", "unk_token": "<unk>",   # none: an unknown character is refused
+    model = {"type": "WordLevel", "unk_token": "<unk>",   # not in it: an unknown character fails
              "vocab": {c: i for i, c in enumerate(vocab.get("chars", ""))}}
     pre, decoder, added = one_each, {"type": "Fuse"}, []
     if vocab["tokenizer"] == "byte":
