@@ -133,8 +133,13 @@ def load(path):
 def load_latest(out_dir):
     """(path, state) of the checkpoint `latest` names, else of the newest (named once complete)."""
     name, found = latest_name(out_dir), checkpoints(out_dir)
+    relative = "a relative out_dir is read from the working directory, not the repository's"
+    if not os.path.exists(out_dir):   # a folder missing is no reason to train again
+        raise CheckpointError(f"out_dir {os.path.abspath(out_dir)} does not exist ({relative}): "
+                              "run where train.py ran, or give --out_dir the run's path")
     if not name and not found:
-        raise CheckpointError(f"no checkpoint in {out_dir}: train with --init_from=scratch first")
+        raise CheckpointError(f"no checkpoint in {os.path.abspath(out_dir)} ({relative}): give "
+                              "--out_dir a run's folder, or train one there first")
     path = os.path.join(out_dir, name) if name else found[-1]
     if not os.path.isfile(path):
         raise CheckpointError(f"{out_dir}/latest names {name}, which is gone: remove it to use the"

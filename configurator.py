@@ -25,13 +25,27 @@ class ConfigError(SystemExit):
 def run_file(path):
     """Execute a config file; the public names it defines (not modules, classes or functions)."""
     if not os.path.isfile(path):
-        raise ConfigError(f"config file not found: {path!r}")
+        near = nearest_config(path)
+        raise ConfigError(f"config file not found: {path!r}" + (f"; did you mean {near!r}?"
+                                                                 if near else ""))
     try:
         namespace = runpy.run_path(path, run_name="__config__")
     except Exception as e:
         raise ConfigError(f"error in config file {path}: {type(e).__name__}: {e}") from e
     return {k: v for k, v in namespace.items() if not k.startswith("_")
             and not isinstance(v, types.ModuleType) and not callable(v)}
+
+
+def nearest_config(path):
+    """The .py file in the repository's config/ (or beside `path`) whose name is closest to path's
+    (shakespeare_char, config/shakespear_char.py: config/shakespeare_char.py), or None."""
+    repo = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
+    near = {}
+    for folder in filter(os.path.isdir, (os.path.relpath(repo), os.path.dirname(path))):
+        near.update({n[:-3]: os.path.join(folder, n) for n in sorted(os.listdir(folder))
+                     if n.endswith(".py") and not n.startswith("_")})   # beside `path` wins a tie
+    close = difflib.get_close_matches(os.path.basename(path).removesuffix(".py"), near, n=1)
+    return near[close[0]] if close else None
 
 
 def typed(key, value, defaults, source):

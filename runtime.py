@@ -3,6 +3,9 @@ Where a script runs: the device it picks, and on a CPU its threads and memory al
 sample.py and the tools share these, so they behave alike on one machine.
 """
 import ctypes
+import os
+import re
+import time
 
 import torch
 import torch.distributed as dist
@@ -22,12 +25,50 @@ def pick_device(name):
 
 
 def setup_cpu(threads=0):
-    """Before a CPU run: torch's threads (0: torch's default), and glibc's allocator told to keep
-    freed memory for the next step. Returns the threads torch uses."""
+    """Before a CPU run: torch's threads, and glibc's allocator told to keep freed memory for the
+    next step. threads=0: OMP_NUM_THREADS where it is set, else the cores idle now (at least 1,
+    at most torch's default), since OpenMP's waiting workers on cores another job holds made a
+    step several times slower. Returns the threads torch uses, in words for a first line."""
     keep_freed_memory()
+    said = ""
+    if not threads and "OMP_NUM_THREADS" not in os.environ and torch.get_num_threads() > 1:
+        idle, cores = idle_cores()
+        if idle is not None:   # Linux
+            threads = max(1, min(idle, torch.get_num_threads()))
+            said = f": {idle} of {cores} cores were idle at start, --cpu_threads=N sets them"
     if threads:
         torch.set_num_threads(threads)
-    return torch.get_num_threads()
+    n = torch.get_num_threads()
+    return f"{n} thread{'s' * (n > 1)}{said}"
+
+
+def idle_cores(wait=0.15):
+    """(idle cores, cores) of the CPUs this process may run on, over `wait` seconds, from two
+    readings of /proc/stat; (None, None) without one (not Linux)."""
+    readings = []
+    try:
+        for pause in (wait, 0):
+            with open("/proc/stat") as f:
+                readings.append(f.read())
+            time.sleep(pause)
+    except OSError:
+        return None, None
+    cpus = os.sched_getaffinity(0)
+    return count_idle(*readings, cpus), len(cpus)
+
+
+def count_idle(before, after, cpus):
+    """The idle cores among `cpus` (numbers) between two readings of /proc/stat: the sum of each
+    one's idle share (idle and iowait over user to steal; guest time is in user's), rounded."""
+    def ticks(text):
+        rows = [line.split() for line in text.splitlines() if re.match(r"cpu\d+ ", line)]
+        return {int(r[0][3:]): [int(v) for v in r[1:9]] for r in rows}
+    a, b = ticks(before), ticks(after)
+    idle = 0.0
+    for cpu in set(cpus) & a.keys() & b.keys():
+        d = [y - x for x, y in zip(a[cpu], b[cpu])]
+        idle += (d[3] + d[4]) / sum(d) if sum(d) > 0 else 1.0   # no tick counted: nothing ran
+    return int(idle + 0.5)
 
 
 def keep_freed_memory():

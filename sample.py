@@ -21,7 +21,7 @@ import telemetry
 from config.defaults import at_least, device_name, folder
 from configurator import configure, key_comments
 from dataset import meta_problem
-from runtime import pick_device
+from runtime import pick_device, setup_cpu
 from tokenizer import decode_stream, get_tokenizer
 
 out_dir = "out"         # the run to sample from: its newest complete checkpoint
@@ -32,15 +32,19 @@ temperature = 0.8       # < 1 sharpens the distribution, > 1 flattens it; 0: gre
 top_k = 200             # keep only the k most likely tokens (0: all)
 seed = 1337             # fixes the samples
 device = ""             # "" picks cuda, then mps, then cpu
+cpu_threads = 0         # torch's threads on a CPU; 0: the cores idle at start, as train.py's
 # temperature 0 is greedy decoding, top_k 0 keeps every token
 RULES = {"out_dir": folder, "num_samples": at_least(1), "max_new_tokens": at_least(1),
-         "temperature": at_least(0), "top_k": at_least(0), "device": device_name}
+         "temperature": at_least(0), "top_k": at_least(0), "device": device_name,
+         "cpu_threads": at_least(0)}
 
 globals().update(configure({k: v for k, v in globals().items()
                             if not k.startswith("_") and isinstance(v, (int, float, str))},
                            sys.argv[1:], RULES, usage=__doc__,
                            comments=lambda: key_comments(__file__)))
 device = pick_device(device)
+if device == "cpu":
+    setup_cpu(cpu_threads)
 path, ckpt, model = checkpoint.load_model(out_dir)   # a bad one: its one sentence
 model.eval().to(device)
 meta = ckpt["vocab"]   # the run's own (dataset.vocabulary), not today's meta.json

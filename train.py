@@ -61,10 +61,8 @@ autocast = (torch.autocast(device_type, dtype=torch.bfloat16) if dtype == "bfloa
 weights_dtype = torch.float64 if dtype == "float64" else torch.float32   # float64: a reference run
 torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
-if device_type == "cpu":
-    setup_cpu(cpu_threads)
+threads = f" ({setup_cpu(cpu_threads)})" if device_type == "cpu" else ""
 if master:
-    threads = f" ({torch.get_num_threads()} threads)" if device_type == "cpu" else ""
     print(f"{world_size} process(es) on {device}{threads} in {dtype}; {tokens_per_iter:,} tokens "
           f"per iteration ({accum} micro-steps x {world_size} x {batch_size} x {block_size})")
 
@@ -223,13 +221,15 @@ while True:
         t0, timed_steps = time.perf_counter(), 0   # evaluations are not training time
     if iter_num >= max_iters:
         if final_eval and (iter_num > start_iter or init_from == "resume"):
+            if master:
+                print(f"evaluating the whole val split ({len(splits['val']) - 1:,} tokens) and as "
+                      "many tokens of the train split", flush=True)
             t_eval = time.perf_counter()
             losses = evaluate(full=True)
             if master:
                 took, run = time.perf_counter() - t_eval, time.perf_counter() - t_run
-                print(f"whole val split: loss {losses['val']:.4f} (train split, as many tokens: "
-                      f"{losses['train']:.4f}), in {took:.1f} s: {100 * took / run:.0f}% of the "
-                      "run")
+                print(f"whole val split: loss {losses['val']:.4f} (train: {losses['train']:.4f}), "
+                      f"in {took:.1f} s, {100 * took / run:.0f}% of the run")
                 run_log.log({"kind": "final", "iter": iter_num, "val_loss": losses["val"],
                              "train_loss": losses["train"]})
         break

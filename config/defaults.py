@@ -61,8 +61,8 @@ wsd_decay_frac = 0.2       # wsd: the last 20% of lr_decay_iters decay
 wsd_shape = "linear"       # wsd: "linear" | "1-sqrt" (Hagele et al. 2024)
 # ---- system ----
 device = ""                # "" picks cuda, then mps, then cpu
-cpu_threads = 0            # torch's threads on a CPU; 0: torch's default (every core, or
-                           # OMP_NUM_THREADS); on a busy machine 1 is several times faster
+cpu_threads = 0            # torch's threads on a CPU; 0: the cores idle at start (at least 1,
+                           # at most torch's default), or OMP_NUM_THREADS where it is set
 dtype = ""                 # "bfloat16" (autocast), "float32" or "float64" (a reference run); ""
                            # picks bfloat16 on CUDA, float32 elsewhere
 compile = False            # torch.compile the model

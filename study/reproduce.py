@@ -525,7 +525,7 @@ def finish(d, res, keep):
 
 # ---- the command line, step by step -------------------------------------------------------------
 def parse_args(argv, grids):
-    p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.strip().split("\n\n")[0])   # a paragraph
     p.add_argument("--grid", default="default", choices=sorted(grids))
     p.add_argument("--variants", default="",
                    help="comma-separated subset of the grid (their baselines are added)")

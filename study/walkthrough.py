@@ -19,14 +19,18 @@ import argparse
 import copy
 import math
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
-
 NOTEBOOK = "ipykernel" in sys.modules
+if not NOTEBOOK:   # Ctrl-C ends the script without a traceback, as it does train.py and sample.py
+    signal.signal(signal.SIGINT, lambda sig, frame: sys.exit(130))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1] if "__file__" in globals() else Path.cwd()
 if not (ROOT / "model.py").is_file():   # a notebook opened in study/
     ROOT = ROOT.parent
@@ -40,6 +44,7 @@ from dataset import dataset_dir, load_meta, read_rows, token_file  # noqa: E402
 import telemetry  # noqa: E402
 from config.variants import VARIANTS  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
+from runtime import setup_cpu  # noqa: E402
 
 parser = argparse.ArgumentParser(description="The paper's argument on a small model: g per "
                                  "layer, folding, preconditioning, baseline against unified.")
@@ -53,6 +58,8 @@ parser.add_argument("--block_size", type=int, default=64)
 parser.add_argument("--batch_size", type=int, default=12)
 parser.add_argument("--learning_rate", type=float, default=2e-3)
 parser.add_argument("--seed", type=int, default=1337)
+parser.add_argument("--cpu_threads", type=int, default=0,
+                    help="torch's threads; 0: the cores idle at start, at most 2")
 parser.add_argument("--baseline_dir", default="", help="load this train.py run instead of training")
 parser.add_argument("--unified_dir", default="", help="load this train.py run instead of training")
 args = parser.parse_args([] if NOTEBOOK else None)
@@ -60,7 +67,9 @@ if bool(args.baseline_dir) != bool(args.unified_dir):
     sys.exit("error: give both --baseline_dir and --unified_dir (train.py runs), or neither")
 out = Path(args.out_dir)
 out.mkdir(parents=True, exist_ok=True)
-torch.set_num_threads(min(torch.get_num_threads(), 2))   # a small model: more threads only wait
+setup_cpu(args.cpu_threads)
+if not args.cpu_threads:   # a small model: more threads only wait
+    torch.set_num_threads(min(torch.get_num_threads(), 2))
 
 import matplotlib  # noqa: E402
 if not NOTEBOOK:

@@ -1,9 +1,12 @@
 """configurator.py: config files, then --key=value, each value typed and checked by its rule
 (config/defaults.py's for train.py); --help that teaches; every mistake one sentence."""
+import os
+
 import pytest
 
 from config.defaults import DEFAULTS as TRAIN, PAIR_RULES, TRAIN_RULES, help_comments
 from configurator import ConfigError, configure
+from helpers import ROOT
 
 DEFAULTS = {"out_dir": "out", "init_from": "scratch", "batch_size": 12, "max_iters": 5000,
             "learning_rate": 6e-4, "compile": True, "wandb_run_name": None}
@@ -54,6 +57,24 @@ def test_a_mistake_on_the_command_line_or_in_a_file_is_one_sentence(argv, messag
         configure(DEFAULTS, argv)
     assert e.value.code.startswith("error: ") and message in e.value.code, e.value.code
     assert "\n" not in e.value.code
+
+
+@pytest.mark.parametrize("where, arg, near", [
+    ("repo", "config/shakespear_char.py", "config/shakespeare_char.py"),
+    ("repo", "shakespeare_char", "config/shakespeare_char.py"),   # nanoGPT's habit: a bare name
+    ("repo", "shakespeare_char.py", "config/shakespeare_char.py"),
+    ("elsewhere", "config/shakespeare_char.py", "REPO/config/shakespeare_char.py"),   # from above
+    ("elsewhere", "mine/tiny_rn.py", "mine/tiny_run.py"),   # a folder of one's own
+    ("repo", "config/zzqqxx.py", None)])
+def test_a_config_file_not_there_names_the_nearest_one(where, arg, near, tmp_path, monkeypatch):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "tiny_run.py").write_text("")
+    monkeypatch.chdir(ROOT if where == "repo" else tmp_path)
+    with pytest.raises(ConfigError) as e:
+        configure(DEFAULTS, [arg])
+    near = near and near.replace("REPO", os.path.relpath(ROOT))
+    assert e.value.code == f"error: config file not found: {arg!r}" + (
+        f"; did you mean {near!r}?" if near else ""), e.value.code
 
 
 def test_files_in_order_then_the_command_line(tmp_path):

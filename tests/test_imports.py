@@ -92,6 +92,8 @@ def test_a_command_of_the_docs_exists_with_the_keys_it_passes(monkeypatch, capsy
          else runpy.run_path(os.path.join(ROOT, name), run_name="__main__"))
     assert e.value.code in (0, None), f"{name} --help exited with {e.value.code}"
     text = capsys.readouterr().out
+    said = text.split("\n\n")[1].rstrip() if "\noptions:" in text else "."   # argparse's
+    assert said.endswith((".", ":")), f"{name} --help: its description is cut: ...{said[-60:]!r}"
     for key in (a.split("=")[0] for a in args if a.startswith("--")):
         assert re.search(rf"(^|\s|\[){re.escape(key)}\b", text), (
             f"{doc}: `{' '.join(words)}` passes {key}, which {name} does not list in --help")
@@ -113,3 +115,18 @@ def test_the_readme_fork_example_runs_as_written(monkeypatch, capsys):
     values = re.findall(r"[-\d.e]+(?=[,\]])", out)   # the printed tensor's entries
     assert "square" in model.REPARAMS and values and set(values) == {"1."}, (
         f"README's forking example printed {out!r}, not a vector of ones: fix the example")
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")   # runpy: the module was imported
+@pytest.mark.parametrize("name", ["train", "sample", "tools.bench", "tools.export_hf",
+                                  "study.walkthrough"])
+def test_every_script_that_runs_the_model_on_a_cpu_takes_cpu_threads(name, monkeypatch, capsys):
+    """runtime.setup_cpu's default (the idle cores) can be overridden everywhere (gpu_check's CPU
+    rehearsal takes the default: its children are train.py and bench.py)."""
+    monkeypatch.setattr(sys, "argv", [name, "--help"])
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit):
+        runpy.run_module(name, run_name="__main__", alter_sys=True)
+    assert "--cpu_threads" in capsys.readouterr().out, f"{name} has no cpu_threads key"
+    with open(os.path.join(ROOT, MODULES[name])) as f:
+        assert "setup_cpu(" in f.read(), f"{name} does not call runtime.setup_cpu"

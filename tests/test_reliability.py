@@ -145,6 +145,21 @@ def test_latest_names_a_checkpoint_that_is_there(tmp_path, held, sentence):
     assert e.value.code == f"error: {tmp_path}/" + sentence.replace("RUN", str(tmp_path))
 
 
+@pytest.mark.parametrize("made", [False, True], ids=["no folder", "an empty folder"])
+def test_no_checkpoint_names_the_absolute_folder_and_retrains_only_an_empty_one(
+        tmp_path, monkeypatch, made):
+    """sample.py --out_dir=out/run from the repository's parent: where it looked, and why there."""
+    monkeypatch.chdir(tmp_path)
+    if made:
+        os.makedirs("out/run")
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        checkpoint.load_latest("out/run")
+    said = f"{tmp_path}/out/run{' does not exist' * (not made)} (a relative out_dir is read from "
+    assert e.value.code.startswith(f"error: {'no checkpoint in' if made else 'out_dir'} {said}"
+                                   "the working directory"), e.value.code
+    assert ("train one there first" in e.value.code) == made and "\n" not in e.value.code
+
+
 def test_a_run_folder_loses_only_its_own_files_and_a_run_only_when_told(tmp_path):
     """keep_checkpoints counts this run's by iteration (an older run's take no slot); a folder with
     only a run's metrics.jsonl holds a run too; a folder named like a checkpoint is none."""

@@ -208,7 +208,7 @@ RESUME = ["--init_from=resume", "--max_iters=6"]
     (["--block_size=5000"], "val.bin has 2000 tokens"),
     (["--train_tokens=10000000"], "train_tokens=10,000,000 but"),
     (["--out_dir=tiny.txt"], "is a file"),
-    ([*RESUME, "--out_dir=out_none"], "no checkpoint"),
+    ([*RESUME, "--out_dir=out_none"], "out_none does not exist (a relative out_dir is read"),
     ([*RESUME, "--n_embd=64", "--sv_hetero=True", "--optimizer=muon"], "out_keep/ckpt_0000004.pt "
      "was trained with a different model or optimizer; mismatched keys (checkpoint, requested): "
      "n_embd=(32, 64), sv_hetero=(False, True), optimizer=('adamw', 'muon')"),

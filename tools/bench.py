@@ -11,6 +11,10 @@ Speed and memory of a training step, for a config of train.py; side by side for 
     python -m tools.bench config/shakespeare_char.py --compare=dtype=bfloat16,compile=True
     python -m tools.bench config/baseline_124m.py --device=cpu --compare=config/unified_124m.py \
         --interleave=True
+    # a sample of 300 tokens (sample.py's loop) instead of a training step; two cores kept busy
+    python -m tools.bench config/shakespeare_char.py --sample=300 --steps=3 --busy=2
+    # study/BENCHMARKS.md's threads table: the default threads against one, idle and busy
+    python -m tools.bench config/shakespeare_char.py --threads_table=True
 
 A step is forward, backward, gradient clipping and an AdamW step on random tokens (no data
 needed); AdamW is fused where train.py fuses it (CUDA, CPU), and for the gpt2 reference where
@@ -22,10 +26,16 @@ Its keys are train.py's config keys (and a few of its own, below); a train.py ke
 (--optimizer, --gradient_accumulation_steps, --learning_rate...) is refused on the command line.
 Peak memory is the CUDA allocator's peak, or on a CPU the process's peak resident size
 (which includes PyTorch itself: compare differences, not ratios, for small models).
+--busy=N starts N processes that spin on the cores (a busy machine) and stops them at the end.
+--threads_table=True times a training step and a sample (--sample, 300 tokens if 0; 3 samples after
+1 unmeasured) at --cpu_threads (0: the idle cores) and at --cpu_threads=1, first on the machine as
+it is, then with --busy spinning (2 if 0), `rounds` alternating pairs each in fresh processes.
 """
+import contextlib
 import json
 import os
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
@@ -64,6 +74,10 @@ OWN = {
                    "time ratio, no memory"),
     "arch": ("llama", "gpt2: time a GPT-2 (nanoGPT) model of the same sizes instead of ours"),
     "json": (False, "print one JSON line of figures (what --compare reads from its children)"),
+    "sample": (0, "N > 0: time a sample of N tokens (sample.py's generation) instead of a step"),
+    "busy": (0, "N processes spinning on the cores while it measures (a busy machine)"),
+    "threads_table": (False, "the default threads against one, idle and busy, a step and a sample "
+                      "(study/BENCHMARKS.md)"),
 }
 # train.py's keys (config/defaults.py, so any config file of train.py is one here too), then
 # bench.py's own
@@ -82,7 +96,8 @@ BENCH_RULES = {**{k: v for k, v in TRAIN_RULES.items() if k in HONOURED},
                "vocab_size": at_least(1), "steps": at_least(1), "warmup": at_least(0),
                "rounds": at_least(1), "arch": one_of("llama", "gpt2"),
                "compare": (lambda v: True, "'' (none), or items joined by commas"),
-               "interleave": boolean, "json": boolean}
+               "interleave": boolean, "json": boolean, "sample": at_least(0),
+               "busy": at_least(0), "threads_table": boolean}
 
 
 def show_help(argv):
@@ -193,6 +208,14 @@ def build(cfg):
     B, T = cfg["batch_size"], cfg["block_size"]
     x, y = (torch.randint(0, vocab, (B, T), device=device) for _ in range(2))
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    if cfg["sample"]:   # as sample.py: a token at a time after a one-token prompt
+        model.eval()
+
+        def sample():
+            for _ in model.generate_tokens(x[:1, :1], cfg["sample"], temperature=0.8, top_k=200):
+                pass
+            sync()
+        return model, sample, {"device": device, "dtype": dtype, "tokens": cfg["sample"]}
 
     def step():
         with autocast:
@@ -224,7 +247,7 @@ def measure(cfg):
     faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / cfg["steps"]
     ms = 1000 * statistics.median(times)
     tokens = info["tokens"]
-    peak = cfg["mfu_peak_flops"] or peak_flops(
+    peak = None if cfg["sample"] else cfg["mfu_peak_flops"] or peak_flops(   # a training step's
         torch.device(device), torch.bfloat16 if dtype == "bfloat16" else torch.float32)
     flops = model.flops_per_token() * tokens
     peak_mem = torch.cuda.max_memory_allocated() if device.startswith("cuda") else \
@@ -233,14 +256,15 @@ def measure(cfg):
             "peak_mem_mb": peak_mem / 2**20, "faults_per_step": faults,
             "mfu": flops / (ms / 1000) / peak if peak else None,
             "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
-            "device": device, "dtype": dtype}
+            "device": device, "dtype": dtype,
+            "threads": torch.get_num_threads() if device == "cpu" else None}
 
 
 def compared_runs(argv, cfg):
     """{name: argv} for the base configuration and each one of --compare."""
     base_files = [a for a in argv if not a.startswith("--")]
-    overrides = [a for a in argv if a.startswith("--")
-                 and not a.startswith(("--compare=", "--json=", "--interleave="))]
+    overrides = [a for a in argv if a.startswith("--") and not a.startswith(
+        ("--compare=", "--json=", "--interleave=", "--busy=", "--threads_table="))]
     runs = {"base": [*base_files, *overrides]}
     # a config file, "gpt2", or overrides: dtype=bfloat16+compile=True
     for item in cfg["compare"].split(","):
@@ -306,11 +330,7 @@ def compare(runs, cfg):
     results = {name: [] for name in runs}
     for r in range(cfg["rounds"]):
         for name, args in runs.items():
-            p = subprocess.run([sys.executable, "-m", "tools.bench", *args, "--json=True"],
-                               capture_output=True, text=True, env=CHILD_ENV)
-            if p.returncode != 0:
-                sys.exit(f"error: {name} failed:\n{p.stderr.strip()[-2000:]}")
-            results[name].append(json.loads(p.stdout.strip().splitlines()[-1]))
+            results[name].append(child(name, args))
             print(f"round {r + 1}/{cfg['rounds']}: {name}: {results[name][-1]['ms']:.1f} ms/step",
                   file=sys.stderr)
     base_ms = statistics.median(x["ms"] for x in results["base"])
@@ -325,6 +345,51 @@ def compare(runs, cfg):
               f"| {mem:,.0f} | {mem / base_mem:.3f} |")
 
 
+def child(name, args):
+    """The figures of one configuration, measured by bench.py in a fresh process."""
+    p = subprocess.run([sys.executable, "-m", "tools.bench", *args, "--json=True"],
+                       capture_output=True, text=True, env=CHILD_ENV)
+    if p.returncode != 0:
+        sys.exit(f"error: {name} failed:\n{p.stderr.strip()[-2000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@contextlib.contextmanager
+def spinning(n):
+    """n processes that keep a core busy each while the block runs (a busy machine); killed
+    after, whatever ends the block."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield spinners
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+
+
+def threads_table(argv, cfg):
+    """A training step and a sample at cpu_threads' value against cpu_threads=1, as the machine is
+    and with `busy` spinners, `rounds` alternating pairs of fresh processes each: the table."""
+    base = [a for a in argv if not a.startswith(("--busy=", "--threads_table="))]
+    n, busy, threads = cfg["sample"] or 300, cfg["busy"] or 2, cfg["cpu_threads"]
+    print(f"`python -m tools.bench {shlex.join(argv)}`: {cfg['rounds']} alternating pair(s) of "
+          f"fresh processes; a sample is {n} tokens, the median of 3\n")
+    print(f"| machine | timed | cpu_threads={threads}: threads | ms | cpu_threads=1: ms "
+          "| default / best | pairs (ms) |")
+    print("|---|---|---|---|---|---|---|")
+    for spinners in (0, busy):
+        with spinning(spinners):
+            for what, more in (("training step", ["--sample=0"]), (f"sample of {n} tokens", [
+                    f"--sample={n}", "--steps=3", "--warmup=1"])):
+                pairs = [[child(what, [*base, *more, *one]) for one in ([], ["--cpu_threads=1"])]
+                         for _ in range(cfg["rounds"])]
+                ms = [statistics.median(p[k]["ms"] for p in pairs) for k in (0, 1)]
+                each = ", ".join(f"{a['ms']:,.0f}/{b['ms']:,.0f}" for a, b in pairs)
+                print(f"| {f'{spinners} spinning' if spinners else 'as it is'} | {what} | "
+                      f"{'/'.join(str(p[0]['threads']) for p in pairs)} | {ms[0]:,.1f} | "
+                      f"{ms[1]:,.1f} | {ms[0] / min(ms):.2f} | {each} |", flush=True)
+
+
 def check(argv):
     """The base configuration, after every check that needs no model: its keys and values, and
     for it and each --compare item, a device this machine has and a model that can be built
@@ -333,6 +398,9 @@ def check(argv):
         show_help(argv)
     refuse_ignored(argv)
     cfg = configure(defaults, argv, BENCH_RULES)
+    if cfg["threads_table"] and (cfg["compare"] or cfg["interleave"] or cfg["json"]):
+        raise ConfigError("--threads_table=True makes its own comparison: drop --compare, "
+                          "--interleave and --json")
     for name, args in (compared_runs(argv, cfg) if cfg["compare"] else {"base": argv}).items():
         try:
             c = configure(defaults, args, BENCH_RULES)
@@ -347,20 +415,24 @@ def check(argv):
 
 def main(argv):
     cfg = check(argv)   # a bad key or value: ConfigError, its one sentence
-    if cfg["compare"]:
-        (interleave if cfg["interleave"] else compare)(compared_runs(argv, cfg), cfg)
-    else:
+    if cfg["threads_table"]:
+        return threads_table(argv, cfg)
+    with spinning(cfg["busy"]):
+        if cfg["compare"]:
+            return (interleave if cfg["interleave"] else compare)(compared_runs(argv, cfg), cfg)
         r = measure(cfg)
-        if cfg["json"]:
-            print(json.dumps(r))
-        else:
-            print(f"{r['params_m']:.2f}M params on {r['device']} in {r['dtype']}: "
-                  f"{r['ms']:.1f} ms/step (median of {cfg['steps']}), "
-                  f"{r['tokens_per_s']:,.0f} tokens/s, "
-                  + (f"MFU {100 * r['mfu']:.1f}%, " if r["mfu"] is not None
-                     else "MFU — (no known peak: --mfu_peak_flops), ")
-                  + f"peak memory {r['peak_mem_mb']:,.0f} MB, {r['faults_per_step']:,.0f} page "
-                  f"faults/step; warmup {r['warmup_s']:.1f} s")
+    if cfg["json"]:
+        print(json.dumps(r))
+    else:
+        timed = f"sample of {cfg['sample']} tokens" if cfg["sample"] else "step"
+        print(f"{r['params_m']:.2f}M params on {r['device']} in {r['dtype']}: "
+              f"{r['ms']:.1f} ms/{timed} (median of {cfg['steps']}), "
+              f"{r['tokens_per_s']:,.0f} tokens/s, "
+              + (f"MFU {100 * r['mfu']:.1f}%, " if r["mfu"] is not None
+                 else "MFU — (no known peak: --mfu_peak_flops), " * (not cfg["sample"]))
+              + f"peak memory {r['peak_mem_mb']:,.0f} MB, {r['faults_per_step']:,.0f} page "
+              f"faults/step; warmup {r['warmup_s']:.1f} s"
+              + (f"; {r['threads']} thread(s)" if r["threads"] else ""))
 
 
 if __name__ == "__main__":

@@ -28,11 +28,11 @@ exactly Qwen3's q_norm / k_norm, so such a model is written as a Qwen3ForCausalL
 post_norm and MoE (whose FFN is not a Llama one), any other vector that declares a Norm after it
 (GPT.vector_sites) is refused, and a weight BLOCK_WEIGHTS does not place.
 
-Writes config.json, model.safetensors (float32) and, for a run on GPT-2's BPE, the tokenizer files
-(vocab.json, merges.txt, built offline from data/raw/gpt2.tiktoken), so that
-AutoTokenizer.from_pretrained / AutoModelForCausalLM.from_pretrained load the folder with no
-network. With transformers installed, --verify compares the export's logits with the
-checkpoint's.
+Writes config.json, model.safetensors (float32) and the run's tokenizer: for GPT-2's BPE
+vocab.json and merges.txt (built offline from data/raw/gpt2.tiktoken), for characters or bytes a
+tokenizer.json of one token per character (byte), so that AutoTokenizer.from_pretrained /
+AutoModelForCausalLM.from_pretrained load the folder with no network and generate on their own.
+With transformers installed, --verify compares the export's logits with the checkpoint's.
 """
 import errno
 import functools
@@ -45,15 +45,17 @@ from dataclasses import replace
 import torch
 
 import checkpoint
-from config.defaults import boolean, folder
+from config.defaults import at_least, boolean, folder
 from configurator import ConfigError, configure, key_comments
 from model import GPT, PLACEMENTS
+from runtime import setup_cpu
 # gpt2_encoding checks the vendored file's sha256
-from tokenizer import EOT, gpt2_encoding
+from tokenizer import BYTE_EOT, EOT, gpt2_encoding
 
 out_dir = "out"   # the run: its newest complete checkpoint is exported
 to = ""           # the folder to write: new, empty or an earlier export (replaced whole)
 verify = True     # load the export with transformers (if installed) and compare logits on a probe
+cpu_threads = 0   # torch's threads; 0: the cores idle at start, as train.py's
 
 # The one place that knows model.py's names. Keys: state_dict names of the *folded* GPT (per block
 # after "blocks.{i}."), values: the Hugging Face names of their equal row blocks (a fused weight is
@@ -255,12 +257,53 @@ def write_gpt2_tokenizer(folder, model_max_length):
                    "model_max_length": model_max_length}, f, indent=2)
 
 
+# ---- a character or byte vocabulary as a tokenizer.json (the `tokenizers` library's format) ------
+
+def vocab_tokenizer(vocab):
+    """tokenizer.json of a char- or byte-level run: a WordLevel vocabulary of its ids, the text
+    split into one character (or byte) each, which the decoder joins back. A byte's token is its
+    printable stand-in of GPT-2's map; the byte-level decoder turns a cut or invalid UTF-8
+    sequence into U+FFFD, as tokenizer.py does."""
+    one_each = {"type": "Split", "pattern": {"Regex": r"[\s\S]"}, "behavior": "Isolated",
+                "invert": False}
+    model = {"type": "WordLevel", "unk_token": "<unk>",   # not in it: an unknown character fails
+             "vocab": {c: i for i, c in enumerate(vocab.get("chars", ""))}}
+    pre, decoder, added = one_each, {"type": "Fuse"}, []
+    if vocab["tokenizer"] == "byte":
+        show, level = _bytes_to_unicode(), {"add_prefix_space": False, "trim_offsets": True,
+                                            "use_regex": False}
+        model["vocab"] = {**{show[b]: b for b in range(256)}, "<|endoftext|>": BYTE_EOT}
+        pre = {"type": "Sequence", "pretokenizers": [{"type": "ByteLevel", **level}, one_each]}
+        decoder = {"type": "ByteLevel", **level}
+        added = [{"id": BYTE_EOT, "content": "<|endoftext|>", "single_word": False,
+                  "lstrip": False, "rstrip": False, "normalized": False, "special": True}]
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+            "normalizer": None, "pre_tokenizer": pre, "post_processor": None,
+            "decoder": decoder, "model": model}
+
+
+def write_tokenizer(folder, vocab, model_max_length):
+    """The run's tokenizer (its recorded vocabulary), in files that AutoTokenizer loads; nothing
+    for a tokenizer of a fork's that this does not know."""
+    if vocab.get("tokenizer") == "gpt2":
+        return write_gpt2_tokenizer(folder, model_max_length)
+    if vocab.get("tokenizer") not in ("char", "byte"):
+        return
+    with open(os.path.join(folder, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(vocab_tokenizer(vocab), f, ensure_ascii=False)
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:   # spaces kept as they are
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length":
+                   model_max_length, "clean_up_tokenization_spaces": False,
+                   **({"eos_token": "<|endoftext|>"} if vocab["tokenizer"] == "byte" else {})},
+                  f, indent=2)
+
+
 # ---- the command ---------------------------------------------------------------------------------
 
 # written last into every export: what tells an earlier export from a folder that only holds
 # files of the same names (someone's config.json)
 MARK = "export_hf.json"
-EXPORT_FILES = {"model.safetensors", "config.json", "vocab.json", "merges.txt",
+EXPORT_FILES = {"model.safetensors", "config.json", "vocab.json", "merges.txt", "tokenizer.json",
                 "tokenizer_config.json", MARK}
 
 
@@ -293,7 +336,7 @@ def check_target(folder):
                           "new folder (or empty this one yourself)")
 
 
-def save(config, state, folder, tokenizer=None, block_size=1024):
+def save(config, state, folder, vocab=None, block_size=1024):
     """Write the export into `folder`, replacing it whole. The files go to a folder beside it that
     this writer creates under a name no other has (tempfile.mkdtemp), then take `folder`'s name: an
     interrupted or failed export leaves the previous one as it was, and nothing this call did not
@@ -309,8 +352,7 @@ def save(config, state, folder, tokenizer=None, block_size=1024):
         save_file(state, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(config, f, indent=2)
-        if tokenizer == "gpt2":
-            write_gpt2_tokenizer(tmp, block_size)
+        write_tokenizer(tmp, vocab or {}, block_size)
         with open(os.path.join(tmp, MARK), "w") as f:   # last: a whole export (check_target)
             json.dump({"written_by": "python -m tools.export_hf",
                        "architecture": config["architectures"][0]}, f, indent=2)
@@ -384,18 +426,19 @@ def compare(model, folder, n_tokens=64, seed=0):
 
 
 # the values each key allows, for --help and the checks
-RULES = {"out_dir": folder, "verify": boolean,
+RULES = {"out_dir": folder, "verify": boolean, "cpu_threads": at_least(0),
          "to": (lambda v: True, "required; never a run's out_dir or a folder of other files")}
 
 
 def main(argv):
-    defaults = {"out_dir": out_dir, "to": to, "verify": verify}
+    defaults = {"out_dir": out_dir, "to": to, "verify": verify, "cpu_threads": cpu_threads}
     try:
         args = configure(defaults, argv, RULES, usage=__doc__,
                          comments=lambda: key_comments(__file__))
         if not args["to"]:
             raise ConfigError("say where to write the export: --to=hf/<name>")
         check_target(args["to"])
+        setup_cpu(args["cpu_threads"])   # the export folds and verifies on the CPU
         path, ckpt, model = checkpoint.load_model(args["out_dir"])
         config, state = hf_export(model.eval())   # a refusal first: safetensors would not help
         try:
@@ -410,7 +453,7 @@ def main(argv):
         sys.exit("error: the run's data is GPT-2 BPE but the model has "
                  f"vocab_size={model.config.vocab_size}, not {GPT2_VOCAB}")
     try:
-        save(config, state, args["to"], tok, model.config.block_size)
+        save(config, state, args["to"], ckpt["vocab"], model.config.block_size)
     except ExportError as e:
         sys.exit(f"error: {e}")
     c = model.config
@@ -420,9 +463,9 @@ def main(argv):
           "head " + ('tied, g_final in model.norm.weight' if c.tie_embeddings
                      else 'untied, g_final folded into lm_head'))
     print({"gpt2": "tokenizer: GPT-2 BPE (vocab.json, merges.txt)",
-           "char": "tokenizer: none written (a char-level vocabulary; ids index the 'chars' "
-                   "of the checkpoint's vocab)",
-           "byte": "tokenizer: none written (byte-level: 0-255 are UTF-8 bytes, 256 ends text)",
+           "char": f"tokenizer: the run's {c.vocab_size} characters, one token each "
+                   "(tokenizer.json)",
+           "byte": "tokenizer: UTF-8 bytes, one token each, 256 ends a text (tokenizer.json)",
            }.get(tok, f"tokenizer: none written ({tok!r})"))
     if args["verify"]:
         try:

@@ -42,7 +42,7 @@ import warnings
 
 from config.defaults import one_of, train_config
 from configurator import ConfigError, configure
-from runtime import pick_device
+from runtime import pick_device, setup_cpu
 from telemetry import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
@@ -383,6 +383,8 @@ def main(argv):
         return 0
     device = device or "cuda"
     print(first_line(device), flush=True)
+    if device == "cpu":   # the compile check runs its models in this process
+        setup_cpu()
     old = signal.signal(signal.SIGTERM, terminated)
     try:
         return 1 if run_checks(device) else 0

@@ -293,3 +293,19 @@ def test_the_walkthrough_runs_as_a_script_and_shows_the_papers_argument(workdir,
     assert ("unified: cannot fold scale vectors: blocks.0.attn.qkv.g_out has a Norm, not a "
             "linear map, after it") in out, out
     assert re.search(r"unified - baseline: [-+]\d\.\d{4} val loss", out), out
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_the_walkthrough_without_a_traceback(workdir, tmp_path):
+    """SIGINT mid-training (after its first progress line): exit 130, as sample.py, nothing on
+    stderr."""
+    p = subprocess.Popen([sys.executable, "-m", "study.walkthrough", "--dataset=tiny",
+                          "--max_iters=2000", "--n_layer=1", "--n_embd=16", "--n_head=2",
+                          "--block_size=16", "--batch_size=2", f"--out_dir={tmp_path / 'walk'}"],
+                         cwd=workdir, env={**ENV, "PYTHONPATH": ROOT}, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True,   # SIGINT at its default (sample's)
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert p.stdout.readline().startswith("baseline step 200/2000"), p.stderr.read()
+    p.send_signal(signal.SIGINT)   # 1,800 steps of the baseline and 2,000 of unified to go
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and err == "", err

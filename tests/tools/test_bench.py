@@ -1,6 +1,9 @@
-"""bench.py: figures from the times measured (a fake clock), side by side; refusals one sentence."""
+"""bench.py: figures from the times measured (a fake clock), side by side; refusals one sentence;
+a sample instead of a step, spinning processes, the threads table (no time is asserted)."""
+import contextlib
 import json
 import os
+import time
 import types
 
 import pytest
@@ -10,6 +13,7 @@ from configurator import ConfigError
 from helpers import ROOT
 from tools import bench as bench_py
 
+pytestmark = pytest.mark.usefixtures("one_thread")   # build() sets this process's threads
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=2",
         "--vocab_size=50", "--vocab_pad=1", "--device=cpu", "--steps=3", "--warmup=1",
         "--dataset=none"]
@@ -31,6 +35,59 @@ def test_the_figures_follow_from_the_measured_times(monkeypatch, capsys):
             "peak memory ") in capsys.readouterr().out
 
 
+def test_a_sample_is_sample_pys_generation_of_n_tokens(monkeypatch, capsys):
+    ticks = [0, 0.5, 1, 1.03, 2, 2.01, 3, 3.02]   # the warmup, samples of 30, 10, 20 ms
+    monkeypatch.setattr(bench_py, "time", types.SimpleNamespace(perf_counter=iter(ticks).__next__))
+    bench_py.main([*TINY, "--sample=5", "--json=True", "--mfu_peak_flops=1e9"])
+    r = json.loads(capsys.readouterr().out)
+    assert r["ms"] == pytest.approx(20.0) and r["tokens_per_s"] == pytest.approx(5 / 0.020)
+    assert r["mfu"] is None and r["threads"] == 1   # no training FLOPs; one_thread's
+    model, sample, info = bench_py.build(bench_py.check([*TINY, "--sample=5"]))
+    calls = []
+    model.register_forward_hook(lambda module, args, out: calls.append(args[0].shape))
+    sample()
+    assert calls == [(1, t) for t in range(1, 6)] and not model.training   # a token at a time
+
+
+def test_spinning_processes_use_the_cores_while_they_run_and_are_gone_after():
+    with bench_py.spinning(2) as spinners:
+        def cpu_ticks(p):   # utime + stime, /proc/PID/stat's fields 14 and 15
+            with open(f"/proc/{p.pid}/stat") as f:
+                return sum(map(int, f.read().rpartition(")")[2].split()[11:13]))
+        t0 = time.time()
+        while min(map(cpu_ticks, spinners)) < 20:   # 0.2 s of CPU each, however busy the machine
+            assert time.time() - t0 < 120 and all(p.poll() is None for p in spinners)
+            time.sleep(0.1)
+    assert all(p.returncode is not None for p in spinners)
+
+
+@pytest.mark.slow   # 8 child processes
+def test_the_threads_table_pairs_the_default_with_one_thread_idle_and_busy(monkeypatch, capsys):
+    spun, spinning = [], bench_py.spinning
+
+    @contextlib.contextmanager
+    def recorded(n):
+        with spinning(n) as spinners:
+            spun.append(spinners)
+            yield spinners
+    monkeypatch.setattr(bench_py, "spinning", recorded)
+    bench_py.main([*TINY, "--threads_table=True", "--rounds=1", "--sample=3", "--busy=1"])
+    out = capsys.readouterr().out
+    assert out.startswith("`python -m tools.bench --n_layer=2 ") and "--threads_table=True" in out
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in out.splitlines()
+            if line.startswith("| ") and "---" not in line]
+    assert [r[:2] for r in rows[1:]] == [
+        ["as it is", "training step"], ["as it is", "sample of 3 tokens"],
+        ["1 spinning", "training step"], ["1 spinning", "sample of 3 tokens"]]
+    for r in rows[1:]:   # the default's threads and ms, one thread's ms, the ratio to the best
+        a, b, ratio = float(r[3].replace(",", "")), float(r[4].replace(",", "")), float(r[5])
+        pair = [float(x.replace(",", "")) for x in r[6].split("/")]   # the one pair, ms to 0.5
+        assert 1 <= int(r[2]) <= os.cpu_count() and max(abs(pair[0] - a), abs(pair[1] - b)) <= 0.55
+        # within the rounding of the printed figures (ms to 0.05, the ratio to 0.005)
+        assert ratio >= 1 and abs(ratio - a / min(a, b)) <= 0.005 + ratio * 0.05 * (1 / a + 1 / b)
+    assert [len(s) for s in spun] == [0, 1] and all(p.returncode is not None for p in spun[1])
+
+
 @pytest.mark.slow   # 3 child processes; --interleave=True is gpu_check's: its CPU rehearsal
 def test_configurations_side_by_side_in_fresh_processes(capsys):
     bench_py.main([*TINY, "--rounds=1", "--compare=gpt2,sv_hetero=True+sv_placement=dnp"])
@@ -45,7 +102,8 @@ def test_configurations_side_by_side_in_fresh_processes(capsys):
 @pytest.mark.parametrize("args, words", [   # a torn meta.json: load_meta's sentence (test_train)
     (["--optimizer=muon"], "bench.py does not use --optimizer (it times one micro-step"),
     (["--dataset=shakespeare_chr"], "--dataset=shakespeare_chr has no data/shakespeare_chr/meta"),
-    (["--compare=n_head=3", "--interleave=True"], "--compare item 'n_head=3': GPTConfig")])
+    (["--compare=n_head=3", "--interleave=True"], "--compare item 'n_head=3': GPTConfig"),
+    (["--threads_table=True", "--compare=gpt2"], "--threads_table=True makes its own comparison")])
 def test_what_bench_would_ignore_or_cannot_use_is_one_sentence(args, words, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError) as e:

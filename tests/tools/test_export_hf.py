@@ -11,8 +11,8 @@ import torch
 import checkpoint
 import model as model_py
 from dataset import vocabulary
-from tokenizer import gpt2_encoding
-from helpers import (VARIANTS, entries, llama_forward, make, models,
+from tokenizer import get_tokenizer, gpt2_encoding
+from helpers import (ROOT, VARIANTS, entries, llama_forward, make, models,
                      randomize_scale_vectors, tokens, vectors)
 from tools import export_hf
 
@@ -50,8 +50,8 @@ def write_run(tokenizer="char", **flags):
 @pytest.mark.parametrize("arch, flags, tokenizer, written", [
     ("Llama", dict(vocab_size=50257, n_embd=32, sv_hetero=True), "gpt2", "GPT-2 BPE"),
     ("Qwen3", dict(qk_norm=True, sv_hetero=True, sv_placement="dp", sv_reparam="er",
-                   tie_embeddings=False), "char", "none written (a char-level"),
-    ("Llama", dict(vocab_size=257), "byte", "none written (byte-level")])
+                   tie_embeddings=False), "char", "the run's 100 characters, one token each"),
+    ("Llama", dict(vocab_size=257), "byte", "UTF-8 bytes, one token each")])
 def test_the_export_gives_the_models_logits(arch, flags, tokenizer, written, monkeypatch, capsys):
     safetensors = pytest.importorskip("safetensors.torch")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -65,7 +65,8 @@ def test_the_export_gives_the_models_logits(arch, flags, tokenizer, written, mon
     assert f"tokenizer: {written}" in out and "verify: " in out
     assert sorted(os.listdir("hf")) == sorted([
         "config.json", "export_hf.json", "model.safetensors",
-        *["merges.txt", "tokenizer_config.json", "vocab.json"] * (tokenizer == "gpt2")])
+        "tokenizer_config.json", *(["merges.txt", "vocab.json"] if tokenizer == "gpt2"
+                                   else ["tokenizer.json"])])
     config, state = json.load(open("hf/config.json")), safetensors.load_file("hf/model.safetensors")
     assert ("lm_head.weight" in state) != tied and len(state["model.embed_tokens.weight"]) == V
     idx = torch.randint(V, (2, 64), generator=torch.Generator().manual_seed(1))
@@ -98,6 +99,40 @@ def test_the_export_gives_the_models_logits(arch, flags, tokenizer, written, mon
     if tokenizer == "gpt2":   # built offline from data/raw/gpt2.tiktoken: the same ids
         tok, ids = transformers.AutoTokenizer.from_pretrained("hf"), gpt2_encoding().encode(TEXT)
         assert tok(TEXT)["input_ids"] == ids and tok.decode(ids) == TEXT
+
+
+@pytest.mark.parametrize("tokenizer, prompt", [("char", "ROMEO:"),
+                                               ("byte", "h\u00e9 \u65e5\u672c")])
+def test_the_export_generates_and_decodes_on_its_own(tokenizer, prompt, monkeypatch, capsys):
+    """AutoTokenizer and AutoModelForCausalLM from the folder alone: the greedy text of model.py's
+    generate, decoded by tokenizer.py; README's example runs on it."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("safetensors")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model = write_run(tokenizer, vocab_size=257 if tokenizer == "byte" else 100)
+    export_hf.main(["--out_dir=out", "--to=hf", "--verify=False"])
+    tok = transformers.AutoTokenizer.from_pretrained("hf")
+    hf = transformers.AutoModelForCausalLM.from_pretrained("hf", dtype=torch.float32)
+    encode, decode = get_tokenizer(checkpoint.load_latest("out")[1]["vocab"])
+    ids = tok(prompt, return_tensors="pt").input_ids
+    assert ids[0].tolist() == encode(prompt), "tokenizer.json encodes otherwise than tokenizer.py"
+    # the prompt, then 8 random ids a row: 8 contexts (a random model's greedy text soon repeats)
+    g = torch.Generator().manual_seed(2)
+    idx = torch.cat((ids.expand(8, -1), torch.randint(model.config.vocab_size, (8, 8),
+                                                      generator=g)), 1)
+    ours = model.generate(idx, 24, temperature=0)
+    theirs = hf.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=24,
+                         do_sample=False)
+    assert len({tuple(row[idx.size(1):]) for row in ours.tolist()}) > 3   # 8 texts that differ
+    assert theirs.tolist() == ours.tolist()
+    assert [tok.decode(row, skip_special_tokens=True) for row in theirs] == [
+        decode(row) for row in ours.tolist()]
+    if tokenizer == "char":   # the README's lines, on this export
+        readme = (Path(ROOT) / "README.md").read_text(encoding="utf-8")
+        code = next(c for c in readme.split("```")[1::2] if "AutoTokenizer" in c)
+        capsys.readouterr()
+        exec(code.removeprefix("python").replace("hf/shakespeare_char", "hf"), {})
+        assert capsys.readouterr().out.startswith("ROMEO:")
 
 
 @pytest.mark.parametrize("case, to, message", [   # a model's other refusals: the last test
