@@ -15,7 +15,8 @@ from model import GPT, GPTConfig
 
 CKPT = re.compile(r"ckpt_(\d{7,})\.pt")   # the only checkpoint names train.py writes
 TEMPORARY = re.compile(r"(ckpt_\d{7,}\.pt|latest|metrics\.jsonl)\.tmp\d+")   # atomic_write's
-KEYS = ("model", "optimizers", "model_args", "config", "iter_num", "best_val_loss", "vocab")
+KEYS = {"model": dict, "optimizers": list, "model_args": dict, "config": dict, "iter_num": int,
+        "best_val_loss": float, "vocab": dict}   # what train.py saves, of these types
 
 
 class CheckpointError(SystemExit):
@@ -90,11 +91,19 @@ def atomic_write(path, write):
 
 
 def nonfinite(state):
-    """The first non-finite tensor of a checkpoint's weights and moments (its name), or None."""
-    moments = [(f"{name}'s optimizer moments", v) for opt in state["optimizers"]
-               for name, s in opt.get("state", {}).items() for v in s.values()]
+    """The first non-finite tensor of a checkpoint's weights and moments (its name), or None. A
+    moment is named by its parameter where the optimizer kept the names (model.param_groups)."""
+    moments = [(f"{names.get(i, f'parameter {i}')}'s optimizer moments", v)
+               for opt in state["optimizers"] for names in [param_names(opt)]
+               for i, s in opt.get("state", {}).items() for v in s.values()]
     return next((name for name, t in [*state["model"].items(), *moments]
                  if isinstance(t, torch.Tensor) and not t.isfinite().all()), None)
+
+
+def param_names(opt):
+    """{index: parameter name} of an optimizer's state dict (torch keeps the names it was given)."""
+    return {i: name for g in opt.get("param_groups", [])
+            for i, name in zip(g["params"], g.get("param_names", ()))}
 
 
 def save(out_dir, state, keep=3):
@@ -119,10 +128,11 @@ def load(path):
     instead = f"move it and `latest` away to use {before[-1]}" if before else "start again"
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-        missing = [k for k in KEYS if k not in state] if isinstance(state, dict) else [None]
-        bad = None if missing else nonfinite(state)   # (edited, or older code): never "good"
-        why = (f"no {missing[0]!r} key" if missing and missing[0] else "not a dict" if missing
-               else bad and f"a non-finite {bad}: it diverged")
+        wrong = [f"its {k!r} is {type(state[k]).__name__}, not {t.__name__}" if k in state
+                 else f"no {k!r} key" for k, t in KEYS.items()
+                 if not isinstance(state.get(k), t)] if isinstance(state, dict) else ["not a dict"]
+        bad = None if wrong else nonfinite(state)   # (edited, or older code): never "good"
+        why = wrong[0] if wrong else bad and f"a non-finite {bad}: it diverged"
     except Exception as e:   # torch.load raises a dozen types for a bad file
         why = "objects weights_only refuses" if "GLOBAL" in str(e) else "it does not load"
     if why:
@@ -193,14 +203,40 @@ def check_resume(path, ckpt, config, model_args, vocab):
 # ---- the run folder -----------------------------------------------------------------------------
 
 def check_out_dir(out_dir, init_from, overwrite):
-    """Before anything is written: a scratch run replaces a run only with --overwrite=True."""
+    """Before anything is written, the way this trainer starts: a resume with no checkpoint to go
+    on from starts from scratch (so a requeue runs one command in every state of its run); a
+    scratch run replaces a run only with --overwrite=True; a folder a trainer holds is refused."""
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise CheckpointError(f"out_dir {out_dir} is a file, not a folder: pick another --out_dir")
+    check_free(os.path.join(out_dir, "lock"), f"out_dir {out_dir}")   # before any advice
     held = [os.path.basename(p) for p in checkpoints(out_dir)]
+    if init_from == "resume" and not held:
+        if os.environ.get("RANK", "0") == "0":   # torchrun's: one line, not one per process
+            print(f"no checkpoint in {os.path.abspath(out_dir)}: starting from scratch")
+        return "scratch"
     held += ["metrics.jsonl"] * os.path.isfile(os.path.join(out_dir, "metrics.jsonl"))
     if init_from == "scratch" and not overwrite and held:
         raise CheckpointError(f"out_dir {out_dir} holds a run ({held[0]}): go on with "
                               "--init_from=resume, or replace it with --overwrite=True")
+    return init_from
+
+
+IN_USE = ("{what} is in use by another process (pid {pid}): wait for it to end or stop it, or use "
+          "another folder")
+
+
+def check_free(path, what):
+    """While a process holds `path` locked (hold_lock), one sentence naming `what` and its pid;
+    else nothing (it only reads)."""
+    try:
+        f = open(path)
+    except OSError:
+        return
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CheckpointError(IN_USE.format(what=what, pid=f.read().strip())) from None
 
 
 def hold_lock(path, what):
@@ -215,8 +251,7 @@ def hold_lock(path, what):
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         f.seek(0)
-        raise CheckpointError(f"{what} is in use by another process (pid {f.read().strip()}): "
-                              "wait for it to end or stop it, or use another folder") from None
+        raise CheckpointError(IN_USE.format(what=what, pid=f.read().strip())) from None
     f.truncate(0), f.write(str(os.getpid())), f.flush()
     return f
 

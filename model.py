@@ -405,13 +405,14 @@ class GPT(nn.Module):
             raise ValueError(f"lr_mults: {sorted(set(lr_mults) - set(order))} are not classes of "
                              f"GPT.param_classes ({', '.join(order)})")
         for cls in order:
-            members = [params[n] for n, c in classes.items() if c == cls]
-            to_muon = [p for p in members if muon and cls == "matrix" and p.dim() == 2]
-            to_adamw = [p for p in members if all(p is not q for q in to_muon)]
+            members = [n for n, c in classes.items() if c == cls]
+            to_muon = [n for n in members if muon and cls == "matrix" and params[n].dim() == 2]
+            to_adamw = [n for n in members if n not in to_muon]
             coef = sv_decay if sv_decay is not None and cls.startswith("sv_") else weight_decay
-            for opt, ps in (("muon", to_muon), ("adamw", to_adamw)):
-                if ps:
-                    groups.append({"params": ps, "name": cls, "optimizer": opt,
+            for opt, ns in (("muon", to_muon), ("adamw", to_adamw)):
+                if ns:   # named: the optimizer's state dict keeps the names (checkpoint.nonfinite)
+                    groups.append({"params": [(n, params[n]) for n in ns], "name": cls,
+                                   "optimizer": opt,
                                    "weight_decay": coef if cls in decayed else 0.0,
                                    "lr_mult": float(lr_mults.get(cls, 1.0))})
         return groups

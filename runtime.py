@@ -1,6 +1,7 @@
 """
-Where a script runs: the device it picks, and on a CPU its threads and memory allocator. train.py,
-sample.py and the tools share these, so they behave alike on one machine.
+Where a script runs: the device it picks, on a CPU its threads and memory allocator, and a model
+that does not fit there. train.py, sample.py and the tools share these, so they behave alike on one
+machine.
 """
 import ctypes
 import os
@@ -89,3 +90,18 @@ def any_process(flag, device):
     t = torch.tensor(float(flag), device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item() > 0
+
+
+def build(make, device, dtype):
+    """make() (a model) on `device` in `dtype`; a model the memory cannot hold is one sentence that
+    names its size, not the allocator's traceback."""
+    try:
+        return make().to(device, dtype)
+    except RuntimeError as e:   # torch.OutOfMemoryError on a GPU, a RuntimeError on a CPU
+        if not isinstance(e, torch.OutOfMemoryError) and "can't allocate memory" not in str(e):
+            raise
+    with torch.device("meta"):   # sizes only, no memory
+        n = sum(p.numel() for p in make().parameters())
+    raise ConfigError(f"a model of {n:,} parameters ({n * dtype.itemsize / 1e9:,.1f} GB of "
+                      f"{str(dtype)[6:]} weights alone) does not fit in the memory of {device}: "
+                      "make it smaller (n_layer, n_embd), or use a device with more memory")

@@ -230,7 +230,7 @@ def describe(path, state):
              and isinstance(r.get("val_loss"), (int, float)) and r["iter"] <= it]
     if not evals:   # a checkpoint copied without its metrics.jsonl
         return f"{path} (iteration {it}, best val loss {best:.4f} of the evaluations up to it)"
-    last = evals[-1]
+    last = max(evals, key=lambda r: r["iter"])   # by iteration, not by its place in the log
     if last["iter"] == it:
         return f"{path} (iteration {it}, val loss {last['val_loss']:.4f}, best {best:.4f})"
     return (f"{path} (iteration {it}, saved between evaluations: none since step {last['iter']}'s, "

@@ -2,7 +2,7 @@
 Pre-train the GPT of model.py on one process, or on many with DDP through torchrun.
 
     python train.py config/shakespeare_char.py                     # a CPU, a few minutes
-    python train.py config/shakespeare_char.py --init_from=resume  # continue from the checkpoint
+    python train.py config/shakespeare_char.py --init_from=resume  # go on (none yet: from scratch)
     torchrun --standalone --nproc_per_node=8 train.py config/unified_124m.py
 
 Every name in config/defaults.py is a key. A config file sets some, then --key=value overrides them
@@ -29,12 +29,12 @@ from config.defaults import DEFAULTS, PAIR_RULES, TRAIN_RULES, help_comments
 from configurator import configure
 from dataset import dataset_dir, eval_windows, load_meta, read_rows, token_file, vocabulary
 from model import GPT, GPTConfig
-from runtime import any_process, pick_device, setup_cpu
+from runtime import any_process, build, pick_device, setup_cpu
 
 # ---- config: every key of config/defaults.py becomes a global here ------------------------------
 config = configure(DEFAULTS, sys.argv[1:], TRAIN_RULES, PAIR_RULES, __doc__, help_comments)
-checkpoint.check_out_dir(config["out_dir"], config["init_from"], config["overwrite"])
 globals().update(config)
+init_from = checkpoint.check_out_dir(out_dir, init_from, overwrite)   # none to resume: scratch
 lr_decay_iters = lr_decay_iters or max_iters
 
 # ---- processes and device ----------------------------------------------------------------------
@@ -111,7 +111,7 @@ if init_from == "resume":
     if master:
         print(note)
 torch.manual_seed(seed)
-model = raw_model = GPT(GPTConfig(**model_args)).to(device, weights_dtype)
+model = raw_model = build(lambda: GPT(GPTConfig(**model_args)), device, weights_dtype)
 optimizers = raw_model.configure_optimizers(
     learning_rate=learning_rate, weight_decay=weight_decay, betas=(beta1, beta2),
     sv_weight_decay=sv_weight_decay, sv_decay=None if sv_decay < 0 else sv_decay,
@@ -198,13 +198,14 @@ for sig in (signal.SIGTERM, signal.SIGINT):
 flops_per_iter = raw_model.flops_per_token() * tokens_per_iter
 peak = mfu_peak_flops or telemetry.peak_flops(
     torch.device(device), torch.bfloat16 if dtype == "bfloat16" else weights_dtype)
-start_iter, before = iter_num, None
+start_iter, timed_steps = iter_num, 0
 t_run = t0 = time.perf_counter()
-timed_steps = 0
 while True:
+    evaluating = iter_num % eval_interval == 0 or iter_num == max_iters
+    # paper 2.2, the maps before the step after an evaluation, for that step's precond record
+    before = telemetry.fed_maps(raw_model) if master and evaluating else None
     # a resumed run's first step was evaluated before its checkpoint was saved
-    if (iter_num % eval_interval == 0 or iter_num == max_iters) and not (
-            iter_num == start_iter and init_from == "resume"):
+    if evaluating and not (iter_num == start_iter and init_from == "resume"):
         losses = evaluate()
         if master:
             print(f"step {iter_num}: train loss {losses['train']:.4f}, "
@@ -213,14 +214,9 @@ while True:
                          "val_loss": losses["val"], "lr": learning_rate * lr_factor(iter_num),
                          "scale_vectors": telemetry.vector_stats(raw_model),
                          "moe": raw_model.moe_stats()})
-            before = telemetry.fed_maps(raw_model)   # for the next step's update
         checkpoint.check_finite("validation loss", losses["val"], iter_num, out_dir)
         best_val_loss = min(best_val_loss, losses["val"])
-        if iter_num > start_iter:
-            save_checkpoint()
-        t0, timed_steps = time.perf_counter(), 0   # evaluations are not training time
-    if iter_num >= max_iters:
-        if final_eval and (iter_num > start_iter or init_from == "resume"):
+        if final_eval and start_iter < iter_num == max_iters:   # before the last checkpoint
             if master:
                 print(f"evaluating the whole val split ({len(splits['val']) - 1:,} tokens) and as "
                       "many tokens of the train split", flush=True)
@@ -232,6 +228,10 @@ while True:
                       f"in {took:.1f} s, {100 * took / run:.0f}% of the run")
                 run_log.log({"kind": "final", "iter": iter_num, "val_loss": losses["val"],
                              "train_loss": losses["train"]})
+        if iter_num > start_iter:
+            save_checkpoint()
+        t0, timed_steps = time.perf_counter(), 0   # evaluations are not training time
+    if iter_num >= max_iters:
         break
     if any_process(bool(stop), device):   # every process stops at the same step
         if master:
@@ -265,7 +265,6 @@ while True:
     if master and before is not None:   # paper 2.2, one step of the maps the vectors precondition
         run_log.log({"kind": "precond", "iter": iter_num,
                      "maps": telemetry.preconditioning(raw_model, before, sgd)})
-        before = None
 
     if iter_num % log_interval == 0 or iter_num in (start_iter + 1, max_iters):
         if ddp:

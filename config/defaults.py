@@ -21,7 +21,7 @@ out_dir = "out"            # the run's folder: checkpoints, `latest`, metrics.js
 eval_interval = 250        # evaluate, save a checkpoint and log the vectors every N steps
 eval_iters = 20            # fixed validation batches: the same ones at every eval and in every run
 log_interval = 10          # print and log the training loss every N steps
-init_from = "scratch"      # "resume": the newest complete checkpoint in out_dir
+init_from = "scratch"      # "resume": the newest complete checkpoint in out_dir (none: scratch)
 overwrite = False          # scratch into an out_dir that holds a run: True deletes its checkpoints
                            # and metrics
 keep_checkpoints = 3       # the newest N checkpoints stay, older ones are deleted

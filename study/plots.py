@@ -97,17 +97,18 @@ def plot_grid(out, grid, results, ci=None):
     fig, axes = panels(len(shown))
     for ax, name in zip(axes, shown):
         res = results[name]
-        its = np.array([i for i, _ in next(iter(res.values()))["curve"]])
         names = list(next(iter(res.values()))["sv_means"])
         layers = [int(m) for n in names for m in re.findall(r"blocks\.(\d+)\.", n)]
         n_layer = 1 + max(layers or [0])
         labelled = set()
-        for n in names:
-            ys = np.mean([r["sv_means"][n] for r in res.values()
-                          if len(r["sv_means"].get(n, [])) == len(its)], axis=0)
+        for n in names:   # each run's means at its own evaluations, averaged by iteration
+            runs = [dict(zip((i for i, _ in r["curve"]), r["sv_means"][n])) for r in res.values()
+                    if len(r["sv_means"].get(n, [])) == len(r["curve"])]
+            its = sorted(set().union(*runs))
+            ys = [np.mean([run[i] for run in runs if i in run]) for i in its]
             layer = re.findall(r"blocks\.(\d+)\.", n)
             label = f"layer {layer[0]}" if layer else "final norm"
-            ax.plot(its[: len(ys)], ys, lw=0.8, label=None if label in labelled else label,
+            ax.plot(its, ys, lw=0.8, label=None if label in labelled else label,
                     color=plt.get_cmap("viridis")(int(layer[0]) / max(n_layer - 1, 1))
                     if layer else "r")
             labelled.add(label)
@@ -139,11 +140,11 @@ def plot_preconditioning(plt, path, results):
     fig, axes = plt.subplots(1, len(PRECOND), figsize=(4.5 * len(PRECOND), 3.6))
     for ax, (label, pick) in zip(axes, PRECOND.items()):
         for name, res in have.items():
-            its = [i for i, _ in next(iter(res.values()))["preconditioning"]]
+            runs = [dict(map(tuple, r["preconditioning"])) for r in res.values()]
+            its = sorted(set().union(*runs))   # by iteration: a run that lacks one is left out
             ys = []
-            for k in range(len(its)):
-                xs = [pick(m) for r in res.values() if len(r["preconditioning"]) > k
-                      for m in r["preconditioning"][k][1].values()]
+            for it in its:
+                xs = [pick(m) for run in runs for m in run.get(it, {}).values()]
                 xs = [x for x in xs if x is not None]
                 ys.append(np.mean(xs) if xs else np.nan)
             ax.plot(its, ys, "o-", ms=2, lw=1, label=f"{name} (n={len(res)})")

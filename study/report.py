@@ -701,20 +701,22 @@ TELEMETRY = {"g std": lambda m: m["g"][0], "g max/min": lambda m: m["g"][2] / m[
              "update cv": lambda m: m.get("update_cv")}
 
 
-def telemetry_seeds(res, stat, at=-1):
-    """{seed: the mean over the run's maps of one TELEMETRY statistic} at one evaluation (the
-    preconditioning record of result.json), for the runs that have it."""
+def telemetry_seeds(res, stat, at=None):
+    """{seed: the mean over the run's maps of one TELEMETRY statistic} over the step after one
+    evaluation: the preconditioning record of result.json at iteration `at` (None: the latest any
+    of the runs has), for the runs that have it (by iteration: a run that lacks it is left out)."""
+    records = {s: dict(map(tuple, r.get("preconditioning") or ())) for s, r in res.items()}
+    at = max((i for rec in records.values() for i in rec), default=None) if at is None else at
     out = {}
-    for s, r in res.items():
-        xs = [TELEMETRY[stat](m) for m in (r["preconditioning"][at][1].values()
-                                           if r.get("preconditioning") else ())]
+    for s, rec in records.items():
+        xs = [TELEMETRY[stat](m) for m in rec.get(at, {}).values()]
         xs = [x for x in xs if x is not None]
         if xs:
             out[s] = float(np.mean(xs))
     return out
 
 
-def telemetry(res, at=-1):
+def telemetry(res, at=None):
     """{stat: {"mean": over seeds of the mean over maps, "ci95": over seeds}} of a variant."""
     out = {}
     for stat in TELEMETRY:
@@ -724,7 +726,7 @@ def telemetry(res, at=-1):
     return out
 
 
-def telemetry_pair(res, base, stat, at=-1):
+def telemetry_pair(res, base, stat, at=None):
     """(seeds, differences) of a TELEMETRY statistic, variant minus base seed by seed, over the
     seeds both have on one code: the two runs of a seed share its initialization and batch order,
     so their difference varies less over seeds than either run does."""

@@ -23,14 +23,16 @@ Node grids (FineWeb-Edu, 124M/350M, one run at a time through torchrun on the GP
 Stop it at any time (SIGKILL too) and start it again: finished runs (result.json) are skipped,
 interrupted ones resume from their newest checkpoint (train.py --init_from=resume), failed ones
 are reported with their last log line and run again next time (a result.json that does not read
-is no result). A run folder is the grid's when the run.json it wrote there before starting
-train.py names the settings its checkpoint was trained with (the checkpoint's own config), or it
-holds no checkpoint: the grid owns its files (checkpoints, latest, metrics.jsonl, train.log,
-result.json), resumes its run if those are the grid's settings, else (--replace) starts it afresh
-over them. A checkpoint or metrics.jsonl that no run.json accounts for (none readable, or a
-checkpoint trained with other settings than it names, or none that loads) is neither resumed nor
-deleted, --replace or not: the grid is refused in one sentence naming its folder and why (a dry
-run too).
+is no result). Every file in a run folder is accounted for at the moment the grid acts on it. A
+run folder is the grid's when the run.json it wrote there before starting train.py names the
+settings every checkpoint there was trained with (each checkpoint's own config), or it holds no
+checkpoint: the grid owns its files (checkpoints, latest, metrics.jsonl, train.log, result.json),
+resumes its run if those are the grid's settings, else (--replace) starts it afresh over them. A
+checkpoint or metrics.jsonl that no run.json accounts for (none readable, a checkpoint trained
+with other settings than it names, or one that does not load) is neither resumed nor deleted,
+--replace or not: the grid is refused in one sentence naming its folder and why (a dry run too).
+A run's folder is read again when its turn comes: a finished run copied in meanwhile is done, and
+a file that came and that the grid cannot account for fails that run, left as it is.
 Every record (run.json, result.json, the summaries) is written to a temporary name, fsynced, then
 renamed. A folder holds one configuration: a run whose settings differ from the results already
 there is refused unless --replace (or another --results_dir); adding seeds or variants to it is
@@ -262,11 +264,11 @@ def run_record(v, run_dir):
     """What run_dir holds of a run not done: None when it holds neither a checkpoint nor a
     metrics.jsonl (nothing to resume, nothing lost by starting afresh). Its run.json ({"args",
     "wall_s", "code"}, and "resume": whether a checkpoint is there) when that accounts for them:
-    the grid wrote it before it started train.py there, and a checkpoint's own config (train.py's
-    arguments as it read them) is what it names; so the run's files are the grid's (settings
-    other than the grid's are a conflict: refuse_other_settings). Any other folder (no readable
-    run.json, or a checkpoint of other settings than it names: train.py run there by hand) is
-    {"args": None, "why": words}: neither resumed nor deleted."""
+    the grid wrote it before it started train.py there, and every checkpoint's own config
+    (train.py's arguments as it read them) is what it names; so the run's files are the grid's
+    (settings other than the grid's are a conflict: refuse_other_settings). Any other folder (no
+    readable run.json, or a checkpoint of other settings than it names or that does not load:
+    train.py run there by hand) is {"args": None, "why": words}: neither resumed nor deleted."""
     from checkpoint import step_of
     ckpt = any(step_of(p) is not None for p in checkpoints(run_dir))
     if not ckpt and not os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
@@ -280,28 +282,27 @@ def run_record(v, run_dir):
 
 
 def checkpoint_mismatch(v, args, run_dir):
-    """None if run_dir's newest checkpoint that loads was trained with the config that its
-    run.json's arguments `args` give train.py (HOW_STARTED aside; a key added since counts as its
-    default); else what differs, or that none loads (words)."""
+    """None if every checkpoint of run_dir loads and was trained with the config that its run.json's
+    arguments `args` give train.py (HOW_STARTED aside; a key added since counts as its default);
+    else the first that does not, and why (words)."""
     import checkpoint
     from config.defaults import DEFAULTS, train_config as resolve
     from configurator import ConfigError
-    for path in checkpoint.checkpoints(run_dir)[::-1]:
-        try:
-            saved = checkpoint.load(path)["config"]
-            break
-        except checkpoint.CheckpointError:
-            continue
-    else:
-        return "none of its checkpoints loads"
     try:   # a run.json edited by hand may name what train.py refuses
         wanted = resolve(v.config, tuple(args))
     except ConfigError as e:
         return f"its run.json names settings train.py refuses ({str(e)[7:]})"   # "error: ..."
-    differ = [f"{k}={saved.get(k, DEFAULTS.get(k))!r} where its run.json says {x!r}"
-              for k, x in wanted.items()
-              if k not in HOW_STARTED and saved.get(k, DEFAULTS.get(k)) != x]
-    return f"{os.path.basename(path)} was trained with {' and '.join(differ)}" if differ else None
+    for path in checkpoint.checkpoints(run_dir):
+        try:
+            saved = checkpoint.load(path)["config"]
+        except checkpoint.CheckpointError:
+            return f"{os.path.basename(path)} does not load"
+        differ = [f"{k}={saved.get(k, DEFAULTS.get(k))!r} where its run.json says {x!r}"
+                  for k, x in wanted.items()
+                  if k not in HOW_STARTED and saved.get(k, DEFAULTS.get(k)) != x]
+        if differ:
+            return f"{os.path.basename(path)} was trained with {' and '.join(differ)}"
+    return None
 
 
 def resumable(job):
@@ -431,16 +432,17 @@ Job = namedtuple("Job", "v seed args run_dir done epochs record", defaults=(None
 class Runner:
     """Runs one (variant, seed) at a time (called from several threads on a CPU grid)."""
 
-    def __init__(self, env, children, torchrun=None):
-        self.env, self.children, self.torchrun = env, children, torchrun
+    def __init__(self, env, children, torchrun=None, recheck=lambda job: job):
+        self.env, self.children, self.torchrun, self.recheck = env, children, torchrun, recheck
 
-    def __call__(self, job):
-        """Train job, resuming its interrupted run if there is one; its result dict. Raises
-        RuntimeError (failed: run again next time) or Interrupted (stopped: resumes next time)."""
-        pid = in_use(job.run_dir)
-        if pid:
-            raise RuntimeError(f"not started: a train.py (pid {pid}) still runs in {job.run_dir}; "
-                               "stop it first")
+    def __call__(self, job, checked=False):
+        """Train job, resuming its interrupted run if there is one, as its folder is when its turn
+        comes (recheck; checked: done just before); its result dict, None if it is done by then.
+        Raises RuntimeError (failed: run again next time) or Interrupted (stopped: resumes next
+        time)."""
+        job = job if checked else self.recheck(job)
+        if job.done:
+            return None
         resume, t0 = resumable(job), time.time()
         state = self.start(job, resume)
         cmd = [*self.launch(), os.path.join(ROOT, "train.py"), os.path.join(ROOT, job.v.config),
@@ -465,7 +467,7 @@ class Runner:
         the code in the tree now. A run started afresh first loses the files of the run before it
         (train.py refuses to start over a checkpoint or a metrics.jsonl; a result.json no longer
         says what the folder holds): they are the grid's, since a folder no record accounts for
-        never gets here (refuse_unaccounted)."""
+        at this run's turn never gets here (recheck)."""
         os.makedirs(job.run_dir, exist_ok=True)
         if not resume:
             logs = [os.path.join(job.run_dir, n) for n in ("metrics.jsonl", "result.json")]
@@ -491,7 +493,8 @@ class Runner:
         vectors = last.get("scale_vectors", {})
         means = {n: [r["scale_vectors"][n][0] for r in records if n in r.get("scale_vectors", {})]
                  for n in vectors}
-        final = (evals(job.run_dir, "final") or [{}])[-1]   # the whole val split
+        final = next((r for r in evals(job.run_dir, "final") if r.get("iter") == max_iters),
+                     {})   # the whole val split, at the run's end
         return {"variant": job.v.name, "seed": job.seed, "config": job.v.config, "args": job.args,
                 "val_loss": last["val_loss"], "train_loss": last["train_loss"],
                 "val_loss_full": final.get("val_loss"), "train_loss_full": final.get("train_loss"),
@@ -500,6 +503,24 @@ class Runner:
                 "scale_vectors": vectors, "sv_means": means, "code": code,
                 **({"epochs": job.epochs} if job.epochs is not None else {}),
                 **({"resumed": True} if resume else {})}
+
+
+def recheck(g, replace, job):
+    """job as its folder is right before the grid acts on it (resumes it, or deletes its files to
+    start afresh), not as it was at the grid's start: a run copied in since is done, and a file the
+    grid cannot account for now, or a run of other settings (without --replace), refuses it."""
+    pid = in_use(job.run_dir)
+    if pid:
+        raise RuntimeError(f"not started: a train.py (pid {pid}) still runs in {job.run_dir}; "
+                           "stop it first")
+    job = g.job(job.v, job.seed)
+    try:
+        if not replace:
+            refuse_other_settings(g.out, [job])
+        refuse_unaccounted(g.out, [job])
+    except SystemExit as e:
+        raise RuntimeError(f"not started: {str(e.code).removeprefix('error: ')}") from None
+    return job
 
 
 def collect(out, grid, args_for):
@@ -651,17 +672,17 @@ class Grid:
                         self.node)
 
     def jobs(self, variants, seeds):
-        """Seed by seed (an interrupted grid still has whole seeds), each saying if it is done,
-        and what its folder holds of an interrupted run if not."""
-        out = []
-        for seed in range(1, seeds + 1):
-            for v in variants:
-                args, run_dir = self.args_for(v, seed), self.run_dir(v, seed)
-                done = settings((load_result(run_dir) or {}).get("args")) == settings(args)
-                epochs = None if self.node else run_epochs(v, args, self.extra)
-                record = None if done else run_record(v, run_dir)
-                out.append(Job(v, seed, args, run_dir, done, epochs, record))
-        return out
+        """Seed by seed (an interrupted grid still has whole seeds)."""
+        return [self.job(v, seed) for seed in range(1, seeds + 1) for v in variants]
+
+    def job(self, v, seed):
+        """A run as its folder is now: whether it is done, and what its folder holds of an
+        interrupted run if not."""
+        args, run_dir = self.args_for(v, seed), self.run_dir(v, seed)
+        done = settings((load_result(run_dir) or {}).get("args")) == settings(args)
+        epochs = None if self.node else run_epochs(v, args, self.extra)
+        record = None if done else run_record(v, run_dir)
+        return Job(v, seed, args, run_dir, done, epochs, record)
 
 
 def conflicts(jobs):
@@ -757,6 +778,9 @@ class Progress:
         elif err:
             self.failed.append(job)
             print(f"{head}: FAILED ({err}); log: {job.run_dir}/train.log", flush=True)
+        elif res is None:
+            print(f"{head}: done by its turn (a result of these settings came): left as it is",
+                  flush=True)
         else:
             finish(job.run_dir, res, self.keep)
             eta = (time.time() - self.t_start) / self.k * (self.n - self.k)
@@ -770,12 +794,13 @@ def run_all(a, g, todo, runner, progress):
     time (CPU)."""
     if g.node:
         for job in todo:
-            if not runner.children.stop:
-                how = "resuming" if resumable(job) else "starting"
-                print(f"[{progress.k + 1}/{progress.n}] {job.v.name} seed {job.seed}: {how}, "
-                      f"log: {job.run_dir}/train.log", flush=True)
             try:
-                progress(job, res=runner(job))
+                job = runner.recheck(job)   # the line says what runs
+                if not runner.children.stop and not job.done:
+                    how = "resuming" if resumable(job) else "starting"
+                    print(f"[{progress.k + 1}/{progress.n}] {job.v.name} seed {job.seed}: {how}, "
+                          f"log: {job.run_dir}/train.log", flush=True)
+                progress(job, res=runner(job, checked=True))
             except (RuntimeError, Interrupted) as e:
                 progress(job, err=e)
         return
@@ -851,7 +876,7 @@ def main(argv=None, grids=GRIDS):
     lock = lock_results(g.out)
     try:
         with Children().forwarding() as children:
-            runner = Runner(env, children, g.torchrun)
+            runner = Runner(env, children, g.torchrun, functools.partial(recheck, g, a.replace))
             run_all(a, g, todo, runner, progress)
         if children.stop:
             print(f"interrupted: {len(progress.stopped)} runs stopped; run the same command again "

@@ -200,6 +200,15 @@ def records(wd, out_dir, kind):
         return [r for r in map(json.loads, f) if r["kind"] == kind]
 
 
+WALL_TIME = ("ms_per_iter", "tokens_per_s", "mfu")   # a train record's speed, never repeated
+
+
+def metrics(wd, out_dir):
+    """Every record of out_dir/metrics.jsonl, in order, but their wall-time fields (WALL_TIME)."""
+    with open(wd / out_dir / "metrics.jsonl") as f:
+        return [{k: v for k, v in r.items() if k not in WALL_TIME} for r in map(json.loads, f)]
+
+
 def final_state(wd, out_dir):
     with open(wd / out_dir / "latest") as f:
         return torch.load(wd / out_dir / f.read().strip(), weights_only=True)

@@ -4,6 +4,7 @@ import errno
 import io
 import os
 import re
+import shutil
 import signal
 import time
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 import checkpoint
-from helpers import finish, last_line, records, start, train
+from helpers import TORCHRUN, finish, last_line, make, metrics, records, start, train
 
 
 def wait_for(predicate, timeout=120, poll=0.05):
@@ -43,8 +44,13 @@ def test_a_stop_signal_saves_and_exits_0_a_second_trainer_is_refused_a_nan_is_ne
     assert "stop signal at step 0" in finish(p).stdout
     p = start(workdir, *run, "--init_from=resume")
     wait_for(lambda: len(records(workdir, "out_term", "train")) >= 3)
-    second = train(workdir, "--out_dir=out_term", "--overwrite=True", check=False)
-    assert f"out_dir out_term is in use by another process (pid {p.pid})" in last_line(second)
+    busy = f"error: out_dir out_term is in use by another process (pid {p.pid})"
+    for more in ([], ["--overwrite=True"]):   # told a trainer runs there, before any advice
+        assert busy in last_line(train(workdir, "--out_dir=out_term", *more, check=False))
+    # under torchrun each rank says so, or torchrun stops it first (quietly); no rank's traceback
+    ddp = train(workdir, "--out_dir=out_term", "--overwrite=True",
+                "--gradient_accumulation_steps=2", check=False, launcher=TORCHRUN).stderr
+    assert busy in ddp and "gloo" not in ddp and "train.py\", line" not in ddp, ddp
     p.send_signal(signal.SIGINT)
     out = finish(p).stdout
     steps = len(records(workdir, "out_term", "train"))
@@ -89,6 +95,35 @@ def test_sigkill_during_a_save_resumes_from_the_previous_complete_checkpoint(wor
     assert not (out / cut.group(0)).exists()   # a dead writer's temporary file, cleaned up
 
 
+@pytest.mark.slow
+def test_a_requeue_runs_one_command_in_every_state_of_its_run(workdir):
+    """--init_from=resume as a requeue script runs it: with nothing in out_dir, or a log of a run
+    killed before its first checkpoint, it starts from scratch and says so (the log replaced, as
+    out_ref's own); from a checkpoint it resumes; on a finished run it trains nothing and adds no
+    record. Each ends as out_ref, every record (wall time aside), and no checkpoint is deleted."""
+    requeue = ["--max_iters=4", "--eval_interval=2", "--init_from=resume"]
+    train(workdir, "--out_dir=out_ref", *requeue[:2])
+    ref = workdir / "out_ref"
+    for state in ("nothing", "a log", "a checkpoint"):
+        out = workdir / f"out_requeue_{state.split()[-1]}"
+        if state != "nothing":
+            out.mkdir()
+            with open(ref / "metrics.jsonl") as f:   # killed after step 3
+                (out / "metrics.jsonl").write_text("".join(f.readlines()[:6]))
+        if state == "a checkpoint":
+            shutil.copy(ref / "ckpt_0000002.pt", out)
+        said = train(workdir, f"--out_dir={out.name}", *requeue).stdout
+        assert (f"no checkpoint in {out}: starting from scratch" in said) == (
+            state != "a checkpoint") and ("resuming from" in said) == (state == "a checkpoint")
+        assert metrics(workdir, out.name) == metrics(workdir, "out_ref"), state
+    finished = {p.name: p.read_bytes() for p in out.iterdir() if p.name != "lock"}
+    said = train(workdir, f"--out_dir={out.name}", *requeue).stdout
+    assert "at iteration 4 = max_iters: nothing to train" in said, said
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.name != "lock"} == finished
+    assert [os.path.basename(p) for p in checkpoint.checkpoints(out)] == [
+        "ckpt_0000002.pt", "ckpt_0000004.pt"]
+
+
 # ---- checkpoint.py, in-process -------------------------------------------------------------------
 
 def fake_state(step, **change):
@@ -106,8 +141,13 @@ BAD_FILES = {   # name: (the bytes of the file, or what torch.save writes; what 
     "pickle": (fake_state(2, extra=os.system),   # a global: what a pickle that runs code needs
                "objects weights_only refuses"),
     "nan_weights": (fake_state(2, model={"w": NAN}), "a non-finite w: it diverged"),
-    "nan_moments": (fake_state(2, optimizers=[{"state": {0: {"exp_avg": NAN}}}]),
-                    "a non-finite 0's optimizer moments: it diverged")}   # never "the last good"
+    "nan_moments": (fake_state(2, optimizers=[{"state": {0: {"exp_avg": NAN}}, "param_groups": [
+        {"params": [0], "param_names": ["blocks.0.attn.qkv.weight"]}]}]),   # torch keeps names
+        "a non-finite blocks.0.attn.qkv.weight's optimizer moments: it diverged"),   # not "good"
+    # fields of the wrong type (edited, or another program's): train.py and sample.py read them
+    "model_args": (fake_state(2, model_args=[32]), "its 'model_args' is list, not dict"),
+    "config": (fake_state(2, config="baseline"), "its 'config' is str, not dict"),
+    "iter_num": (fake_state(2, iter_num="2"), "its 'iter_num' is str, not int")}
 
 
 @pytest.mark.parametrize("held, sentence", BAD_FILES.values(), ids=BAD_FILES)
@@ -130,6 +170,32 @@ def test_a_file_that_is_not_a_checkpoint_to_go_on_from_is_one_sentence(tmp_path,
     os.remove(tmp_path / "ckpt_0000002.pt")
     os.remove(tmp_path / "latest")   # as the sentence says: the one before
     assert checkpoint.load_latest(tmp_path)[1]["iter_num"] == 1
+
+
+def test_a_moment_is_named_by_its_parameter(tmp_path):
+    """A real model's optimizer state: the moment that is not finite, by its parameter's name."""
+    model = make()
+    opt = model.configure_optimizers(learning_rate=1e-3, weight_decay=0.1, betas=(0.9, 0.95))[0]
+    model(*[torch.zeros(1, 4, dtype=torch.long)] * 2)[1].backward()
+    opt.step()
+    opt.state[model.blocks[1].mlp.down.weight]["exp_avg_sq"][0, 0] = float("inf")
+    state = fake_state(3, optimizers=[opt.state_dict()])
+    with pytest.raises(checkpoint.CheckpointError, match=r"blocks\.1\.mlp\.down\.weight's "
+                       "optimizer moments is not finite at step 3, so it is not saved"):
+        checkpoint.save(tmp_path, state)
+
+
+def test_a_folder_a_trainer_holds_is_refused_before_any_advice(tmp_path):
+    """Whatever the command (the advice "holds a run" would send it to the lock's refusal too)."""
+    (tmp_path / "metrics.jsonl").write_text('{"kind": "eval", "iter": 0}\n')
+    with checkpoint.hold_lock(str(tmp_path / "lock"), "out_dir"):
+        for init_from, overwrite in (("scratch", False), ("scratch", True), ("resume", False)):
+            with pytest.raises(checkpoint.CheckpointError) as e:
+                checkpoint.check_out_dir(str(tmp_path), init_from, overwrite)
+            assert e.value.code == (f"error: out_dir {tmp_path} is in use by another process (pid "
+                                    f"{os.getpid()}): wait for it to end or stop it, or use "
+                                    "another folder"), e.value.code
+    assert checkpoint.check_out_dir(str(tmp_path), "resume", False) == "scratch"   # no checkpoint
 
 
 @pytest.mark.parametrize("held, sentence", [

@@ -40,8 +40,8 @@ def test_the_streamed_text_is_the_whole_text_with_cut_characters_held_back(meta,
 
 def test_the_header_gives_the_val_loss_of_the_checkpoints_own_evaluation(tmp_path):
     """Not best_val_loss, which may be an earlier evaluation's; a lone checkpoint: what it knows."""
-    log = [("eval", 0, 4.17), ("eval", 250, 1.9), ("eval", 500, 1.95), ("train", 504, 3.0),
-           ("eval", 750, 1.5)]   # by iteration, as train.py leaves them
+    log = [("eval", 250, 1.9), ("eval", 500, 1.95), ("train", 504, 3.0), ("eval", 750, 1.5),
+           ("eval", 0, 4.17)]   # read by iteration, not by place: one out of train.py's order
     (tmp_path / "metrics.jsonl").write_text("".join(
         json.dumps({"kind": kind, "iter": i, "val_loss": v}) + "\n" for kind, i, v in log))
     path, state = str(tmp_path / "ckpt_0000500.pt"), {"iter_num": 500, "best_val_loss": 1.9}

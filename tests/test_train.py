@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import TORCHRUN, final_state, finish, last_line, records, start, tiny_corpus, train
+from helpers import (TORCHRUN, final_state, finish, last_line, metrics, records, start,
+                     tiny_corpus, train)
 import checkpoint
 from config.variants import VARIANTS
 
@@ -30,32 +31,36 @@ def full_run(workdir):
 @pytest.mark.slow
 def test_resume_repeats_the_run_bit_for_bit_a_requeue_trains_nothing_and_overwrite_starts_again(
         workdir, full_run):
-    """The resume drops a torn log line and what was logged after its checkpoint, reads its data
-    renamed (the recorded vocabulary decides, not the name) and continues its wandb run; a requeue
-    rewrites no log (a full disk would fail it)."""
+    """out_full killed after step 7 (its checkpoint at 5, its log to 7 and a torn line): the
+    resume repeats out_full, every record of metrics.jsonl (wall time aside: helpers.WALL_TIME)
+    and every weight; it drops the torn line and what was logged after its checkpoint, reads its
+    data renamed (the recorded vocabulary decides, not the name) and continues its wandb run; a
+    requeue trains nothing, rewrites no log (a full disk would fail it) and adds no final record."""
     shutil.copytree(workdir / "data" / "tiny", workdir / "data" / "tiny_renamed")
     wandb = ["--wandb_log=True"] * bool(importlib.util.find_spec("wandb"))   # requirements-test
     offline = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}   # its files in out_dir
-    train(workdir, "--out_dir=out_resumed", "--max_iters=7", *COMMON, *wandb, env=offline)
-    metrics = workdir / "out_resumed" / "metrics.jsonl"
-    with open(metrics, "a") as f:   # logged after the checkpoint, then a line cut short by a kill
-        f.write(json.dumps({"kind": "train", "iter": 8}) + '\n{"kind": "train", "iter": null}\n'
-                '{"kind": "tr')   # a record without a step, then a line cut short
+    out = workdir / "out_resumed"
+    out.mkdir()
+    shutil.copy(workdir / "out_full" / "ckpt_0000005.pt", out)
+    (out / "latest").write_text("ckpt_0000005.pt")
+    with open(workdir / "out_full" / "metrics.jsonl") as f:   # up to step 7, then a kill
+        logged = [line for line in f if json.loads(line)["iter"] <= 7]
+    (out / "metrics.jsonl").write_text("".join(logged) + '{"kind": "train", "iter": null}\n'
+                                       '{"kind": "tr')   # a record without a step, a line cut
     p = train(workdir, "--out_dir=out_resumed", "--max_iters=12", "--init_from=resume", *COMMON,
               "--dataset=tiny_renamed", *wandb, env=offline)
     assert "dropped 1 line(s)" in p.stdout, p.stdout
-    full, resumed = records(workdir, "out_full", "train"), records(workdir, "out_resumed", "train")
-    assert [r["iter"] for r in resumed] == list(range(1, 13))   # the log reads as one run
-    assert [r["loss"] for r in resumed] == [r["loss"] for r in full]   # bit for bit
+    assert metrics(workdir, "out_resumed") == metrics(workdir, "out_full")   # bit for bit
     a, b = final_state(workdir, "out_full")["model"], final_state(workdir, "out_resumed")["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
     runs = {p.name.rsplit("-", 1)[-1] for p in (workdir / "out_resumed").glob("wandb/offline-*")}
     assert not wandb or runs == {final_state(workdir, "out_resumed")["wandb_id"]}, runs
-    mtime = metrics.stat().st_mtime_ns
+    mtime = (out / "metrics.jsonl").stat().st_mtime_ns
     again = train(workdir, "--out_dir=out_resumed", "--max_iters=12", "--init_from=resume",
-                  "--final_eval=False", *COMMON).stdout
+                  *COMMON).stdout
     assert "at iteration 12 = max_iters: nothing to train" in again, again
-    assert metrics.stat().st_mtime_ns == mtime
+    assert (out / "metrics.jsonl").stat().st_mtime_ns == mtime
+    assert [r["iter"] for r in records(workdir, "out_resumed", "final")] == [12]
     train(workdir, "--out_dir=out_resumed", "--overwrite=True", "--max_iters=2",
           "--eval_interval=2")
     assert sorted(os.listdir(workdir / "out_resumed")) == [
@@ -208,7 +213,9 @@ RESUME = ["--init_from=resume", "--max_iters=6"]
     (["--block_size=5000"], "val.bin has 2000 tokens"),
     (["--train_tokens=10000000"], "train_tokens=10,000,000 but"),
     (["--out_dir=tiny.txt"], "is a file"),
-    ([*RESUME, "--out_dir=out_none"], "out_none does not exist (a relative out_dir is read"),
+    # 2 x 12 x 2^44 weights: more than any memory (and any address space) holds
+    (["--n_embd=4194304"], "a model of 422,213,266,178,048 parameters (1,688,853.1 GB of float32 "
+     "weights alone) does not fit in the memory of cpu: make it smaller (n_layer, n_embd)"),
     ([*RESUME, "--n_embd=64", "--sv_hetero=True", "--optimizer=muon"], "out_keep/ckpt_0000004.pt "
      "was trained with a different model or optimizer; mismatched keys (checkpoint, requested): "
      "n_embd=(32, 64), sv_hetero=(False, True), optimizer=('adamw', 'muon')"),

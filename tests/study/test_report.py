@@ -1,5 +1,6 @@
 """study/report.py and claims.py on made-up numbers; the README's claims tables regenerate."""
 import statistics
+from types import SimpleNamespace
 
 import pytest
 
@@ -154,6 +155,25 @@ def test_the_power_report_splits_dnp_and_pairs_the_telemetry_by_seed_on_one_code
     assert lines[-1].startswith("| unified_novec | ") and lines[-1].endswith(f"| {cell} (n=6) |")
     plots.plot_preconditioning(plots.pyplot(), tmp_path / "precond.png", results)
     assert (tmp_path / "precond.png").stat().st_size > 0
+
+
+def test_the_telemetry_is_read_by_iteration_not_by_place():
+    """A run that lacks a record (as a resume once lost one) is left out at that iteration, never
+    read at another: seed 2 has none at 6, seed 3 none at 11, the last evaluation's step."""
+    at = lambda cv: {"head": {"g": [0.0, 1, 1, 1, 1, 1], "update_cv": cv}}   # noqa: E731
+    res = {1: fake(2.0, 1, preconditioning=[[1, at(0.1)], [6, at(0.2)], [11, at(0.3)]]),
+           2: fake(2.0, 2, preconditioning=[[1, at(0.1)], [11, at(0.5)]]),
+           3: fake(2.0, 3, preconditioning=[[1, at(0.1)], [6, at(0.7)]])}
+    assert report.telemetry_seeds(res, "update cv") == {1: 0.3, 2: 0.5}   # at 11
+    assert report.telemetry_seeds(res, "update cv", at=6) == {1: 0.2, 3: 0.7}
+    drawn, nothing = [], lambda *a, **kw: None   # what each panel draws: a pyplot stood in for
+    axes = SimpleNamespace(plot=lambda xs, ys, *a, **kw: drawn.append((list(xs), list(ys))),
+                           set=nothing, legend=nothing)
+    fig = SimpleNamespace(tight_layout=nothing, savefig=nothing)
+    plt = SimpleNamespace(subplots=lambda rows, cols, **kw: (fig, [axes] * cols), close=nothing)
+    plots.plot_preconditioning(plt, "precond.png", {"v": res})
+    cv = list(plots.PRECOND).index("spread of the column updates (cv)")
+    assert drawn[cv] == ([1, 6, 11], pytest.approx([0.1, 0.45, 0.4])), drawn[cv]
 
 
 def test_the_decay_reports_give_g_per_kind_its_spread_and_what_decay_alone_makes_of_it():

@@ -85,7 +85,7 @@ def test_done_runs_are_skipped_interrupted_resumed_failed_run_again(tmp_path, mo
         if "--init_from=resume" not in cmd and (metrics.exists() or [*Path(out).glob("ckpt*")]):
             return stdout.write("error: out_dir holds a run\n") and 1   # as train.py refuses
         recs = [{"kind": "eval", "iter": i, "val_loss": 3.0 - i / 8, "train_loss": 2.5}
-                for i in range(0, n + 1, 4)] + [{"kind": "final", "val_loss": 1.5}]
+                for i in range(0, n + 1, 4)] + [{"kind": "final", "iter": n, "val_loss": 1.5}]
         if len(calls) == 2:   # seed 3, the first time: SIGKILLed after logging step 0
             metrics.write_text(json.dumps(recs[0]) + "\n")
             return stdout.write("the last line\n") and -9
@@ -155,6 +155,54 @@ def test_done_runs_are_skipped_interrupted_resumed_failed_run_again(tmp_path, mo
     (lost[0][0] / "run.json").write_text(json.dumps(accounted))   # --replace runs over it too
     assert reproduce.main([*G, "--seeds=5", "--jobs=1", "--max_iters=12", "--replace"], ONE) == 0
     assert calls[4:] == [(args_of(2), None), *((args_of(s, 12), None) for s in range(1, 6))]
+
+
+def test_every_file_of_a_run_folder_is_accounted_for_when_the_grid_acts_on_it(monkeypatch,
+                                                                             capsys):
+    """An older checkpoint of other settings beside the grid's newer one: refused (a dry run and
+    --replace too), neither resumed nor deleted. Folders filled while the grid runs seed 1, read
+    again at their turn: seed 2's finished run (copied from a cluster) is done, seed 3's checkpoint
+    of other settings (no run.json) fails that run; each left as it is."""
+    import torch
+    snapshot = lambda run: {p.name: p.read_bytes() for p in run.iterdir()}   # noqa: E731
+    calls, filled, before = [], {}, {}
+
+    def train(self, cmd, stdout, **kw):   # seed 1's train.py; meanwhile seeds 2 and 3 are filled
+        out, n = reproduce.arg_value(cmd, "out_dir"), int(reproduce.arg_value(cmd, "max_iters"))
+        calls.append(out)
+        done = {"variant": "a", "seed": 2, "args": args_of(2), "val_loss": 2.0, "wall_s": 1.0,
+                "curve": [[0, 4.0], [8, 2.0]], "sv_means": {}}
+        if not filled:   # once, during seed 1's run
+            for seed, extra in ((2, {}), (3, dict(run_json=None, learning_rate=0.01))):
+                filled[seed] = interrupted(seed, **extra)[0]
+            (filled[2] / "result.json").write_text(json.dumps(done))
+            (filled[2] / "metrics.jsonl").write_text('{"kind": "eval", "iter": 8}\n')
+            before.update({seed: snapshot(run) for seed, run in filled.items()})
+        recs = [{"kind": "eval", "iter": i, "val_loss": 2.0, "train_loss": 2.0} for i in (0, n)]
+        Path(out, "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        return 0
+    monkeypatch.setattr(reproduce.Children, "run", train)
+    run, _ = interrupted(1)
+    state = torch.load(run / "ckpt_0000004.pt", weights_only=True)
+    torch.save({**state, "iter_num": 2, "config": {**state["config"], "learning_rate": 0.01}},
+               run / "ckpt_0000002.pt")   # an older run's, by hand
+    files = snapshot(run)
+    for more in ([], ["--dry_run"], ["--replace"]):
+        assert refused(*G, "--seeds=1", *more) == (
+            "error: run folders of res[1] hold checkpoints or logs this grid cannot account for "
+            "(res[1]/runs/a/seed1: ckpt_0000002.pt was trained with learning_rate=0.01 where its "
+            "run.json says 0.001): they are neither resumed nor deleted; move them elsewhere (or "
+            "delete them yourself), or use another --results_dir")
+    assert snapshot(run) == files and calls == []
+    shutil.rmtree(run)
+    assert "3 runs, 0 done, 3 to do" in dry(capsys, *G, "--seeds=3")
+    assert reproduce.main([*G, "--seeds=3", "--jobs=1"], ONE) == 1
+    assert calls == ["res[1]/runs/a/seed1"], calls
+    out = capsys.readouterr().out
+    assert "a seed 2: done by its turn (a result of these settings came): left as it is" in out
+    assert ("a seed 3: FAILED (not started: run folders of res[1] hold checkpoints or logs this "
+            "grid cannot account for (res[1]/runs/a/seed3: no readable run.json)") in out, out
+    assert {seed: snapshot(run) for seed, run in filled.items()} == before
 
 
 def test_rows_run_what_their_names_say_the_readme_plans_and_the_summaries_regenerate(
