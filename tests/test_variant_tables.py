@@ -533,7 +533,8 @@ def check_named_variant(name, configs):
     """A named variant sets train.py's keys, to values its rules take; it builds (on an MoE, if a
     flag of it acts in an MoE only) and has a char config file (moe_<name>_char.py on an MoE)."""
     flags, moe = VARIANTS[name], not accepted(model_keys(VARIANTS[name]))
-    train_config("config/shakespeare_char.py", tuple(f"--{k}={v}" for k, v in flags.items()))
+    train_config(f"config/{'moe_baseline' if moe else 'shakespeare'}_char.py",
+                 tuple(f"--{k}={v}" for k, v in flags.items()))
     model_py.GPTConfig(**TINY, **model_keys(flags), **(MOE if moe else {}))
     assert f"{'moe_' * moe}{name}_char.py" in configs or name.endswith(("_novec", "_noiwd")), name
 
