@@ -89,6 +89,9 @@ class Reparam(NamedTuple):
     params: dict
     # (raw parameters {name: (rows, d or 1)}, norm_eps) -> the effective vectors g, (rows, d)
     g: callable
+    # g where weight decay leads: AdamW pulls every raw parameter toward 0, so this is g at raw 0
+    # (tests/test_variant_tables.py checks it); a policy that decays vectors needs 0 here
+    g_at_zero: float
 
 
 def or_g(p, eps):
@@ -103,11 +106,13 @@ def er_g(p, eps):
 
 # paper 3.3: how a scale vector is parameterized
 REPARAMS = {
-    "none": Reparam(params=dict(g=("vector", 1.0)), g=lambda p, eps: p["g"]),
+    "none": Reparam(params=dict(g=("vector", 1.0)), g=lambda p, eps: p["g"], g_at_zero=0.0),
     # beta = sqrt(1 + eps): Norm(alpha) = 1 / sqrt(1 + eps) for alpha = 1, so g is exactly 1
     "or": Reparam(params=dict(alpha=("direction", 1.0),
-                              beta=("scalar", lambda eps: math.sqrt(1 + eps))), g=or_g),
-    "er": Reparam(params=dict(alpha=("direction", 0.0), beta=("scalar", 0.0)), g=er_g),
+                              beta=("scalar", lambda eps: math.sqrt(1 + eps))), g=or_g,
+                  g_at_zero=0.0),
+    "er": Reparam(params=dict(alpha=("direction", 0.0), beta=("scalar", 0.0)), g=er_g,
+                  g_at_zero=1.0),
 }
 
 # width of DNP's g_out (DESIGN.md): "full", the map's output width; "head", one head-sized vector

@@ -157,11 +157,13 @@ def decays_vectors(c):
 PAIR_RULES = [
     (lambda c: not c["wandb_log"] or importlib.util.find_spec("wandb"),
      lambda c: "wandb_log=True needs the wandb package: pip install wandb"),
-    # AdamW decays each raw parameter toward 0; ER's g = exp(beta + alpha - mean(alpha)) is then 1
-    (lambda c: c["sv_reparam"] != "er" or not decays_vectors(c),
-     lambda c: f"sv_reparam='er' with sv_weight_decay={c['sv_weight_decay']!r}: decaying ER's raw "
-               "parameters pulls g toward 1, not 0, which is not the decay the policy means; use "
-               "sv_weight_decay='none', sv_decay=0, or sv_reparam='or' (DESIGN.md)"),
+    # AdamW decays each raw parameter toward 0, where g is the entry's g_at_zero (ER's: 1)
+    (lambda c: REPARAMS[c["sv_reparam"]].g_at_zero == 0 or not decays_vectors(c),
+     lambda c: f"sv_reparam={c['sv_reparam']!r} with sv_weight_decay={c['sv_weight_decay']!r}: "
+               f"decaying its raw parameters pulls g toward "
+               f"{REPARAMS[c['sv_reparam']].g_at_zero:g}, not 0, which is not the decay the "
+               "policy means; use sv_weight_decay='none', sv_decay=0, or a reparameterization "
+               "whose g is 0 there, e.g. sv_reparam='or' (DESIGN.md)"),
 ]
 
 
