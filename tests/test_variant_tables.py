@@ -476,7 +476,7 @@ def test_every_reparameterization_states_what_decay_makes_of_g():
                 "state that value")
 
 
-STEP_RUN = ("--max_iters=2", "--eval_interval=1000", "--eval_iters=1", "--final_eval=False",
+STEP_RUN = ("--max_iters=2", "--eval_interval=1", "--eval_iters=1", "--final_eval=False",
             "--warmup_iters=0", "--lr_schedule=constant", "--grad_clip=0", "--dtype=float64",
             "--qk_norm=True")   # qk_norm: a vector of each class (sv_input, sv_final, sv_output)
 
@@ -505,11 +505,11 @@ def run_train_py(monkeypatch, wd, *args):
     model_py.REPARAMS, model_py.DECAY_POLICIES)))
 def test_train_py_moves_the_weights_only_by_the_optimizers_step(reparam, policy, workdir,
                                                                  monkeypatch):
-    """No pull can hide in train.py's loop: two of its steps (float64, a constant rate, no clipping)
-    give bit for bit the weights of GPT.configure_optimizers' step alone, taken here on the same
-    batches, under every reparameterization and decay policy (a pair the rules refuse: refused in
-    one sentence). A target other than 0 for decay is the raw parameter's (g = 1 + w), never a pull
-    after opt.step()."""
+    """No pull can hide in train.py's loop: each of two of its steps (float64, a constant rate, no
+    clipping; its checkpoints) gives bit for bit the weights of GPT.configure_optimizers' step
+    alone, taken here on the same batches, under every reparameterization and decay policy (a pair
+    the rules refuse: refused in one sentence). A target other than 0 for decay is the raw
+    parameter's (g = 1 + w), never a pull after opt.step()."""
     args = [f"--sv_reparam={reparam}", f"--sv_weight_decay={policy}",
             f"--out_dir=out_step_{reparam}_{policy}"]
     try:
@@ -523,19 +523,23 @@ def test_train_py_moves_the_weights_only_by_the_optimizers_step(reparam, policy,
     optimizers = model.configure_optimizers(
         learning_rate=run["learning_rate"], weight_decay=run["weight_decay"],
         betas=(run["beta1"], run["beta2"]), sv_weight_decay=policy)
-    for step in range(run["max_iters"]):
+    saved = checkpoint.checkpoints(os.path.join(workdir, run["out_dir"]))
+    assert [checkpoint.step_of(p) for p in saved] == [1, 2], saved
+    for step, path in enumerate(saved):
         x, y = run["train_batch"](step, 0)
         model(x, y)[1].backward()
         for opt in optimizers:
             opt.step()
             opt.zero_grad(set_to_none=True)
-    got = run["raw_model"].state_dict()
-    for key, want in model.state_dict().items():
-        assert torch.equal(got[key], want), (
-            f"sv_reparam={reparam!r}, sv_weight_decay={policy!r}: after {run['max_iters']} steps "
-            f"of train.py, {key} is {gap(got[key], want)} away from the optimizer's own steps: "
-            "train.py must change the weights only by opt.step(); a decay toward another target "
-            "is a reparameterization whose g is that target at raw 0 (REPARAMS' g_at_zero)")
+        got = torch.load(path, weights_only=True)["model"]
+        wrong = {k: gap(got[k], w) for k, w in model.state_dict().items()
+                 if not torch.equal(got[k], w)}
+        assert not wrong, (
+            f"sv_reparam={reparam!r}, sv_weight_decay={policy!r}: after step {step + 1} of "
+            f"train.py, {', '.join(f'{k} is {d}' for k, d in list(wrong.items())[:4])} away from "
+            "the optimizer's own step: train.py must change the weights only by opt.step(); a "
+            "decay toward another target is a reparameterization whose g is that target at raw 0 "
+            "(REPARAMS' g_at_zero)")
 
 
 # ---- no flag is inert, and every flag that adds a vector is in the one list ---------------------
