@@ -801,12 +801,11 @@ def test_every_table_entry_and_flag_has_its_readme_row_and_design_entry():
             [f"`{value}`", f'`"{value}"`'] if isinstance(value, str) else [])
         if not any(n in design for n in names):
             no_entry.append(f"{key}={value!r}")
-    assert not no_row, (
-        f"README.md's variants table has no row for {', '.join(no_row)}: add one each, "
-        "| `key=value` | what it does | where its vectors act | paper |")
-    assert not no_entry, (
-        f"DESIGN.md does not name {', '.join(no_entry)}: add each one's definition there, "
-        "naming it as `key=value`")
+    assert not no_row and not no_entry, "; ".join(
+        ([f"README.md's variants table has no row for {', '.join(no_row)}: add one each, "
+          "| `key=value` | what it does | where its vectors act | paper |"] if no_row else [])
+        + ([f"DESIGN.md does not name {', '.join(no_entry)}: add each one's definition there, "
+            "naming it as `key=value`"] if no_entry else []))
 
 
 # ---- one list of named variants: configs and grids are checked against config/variants.py -----
