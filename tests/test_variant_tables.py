@@ -763,7 +763,8 @@ def test_the_readme_table_says_where_each_flags_vectors_act():
                 {"after a Norm"} if "after a Norm" in acts else set())
             assert said == where_they_act(kw), (
                 f"README's row {flag_cell} says its vectors act at {sorted(said)}, but they "
-                f"declare {sorted(where_they_act(kw))}: write that in its third column")
+                f"declare {sorted(where_they_act(kw))}: write that in its third column, or fix "
+                "the declaration (folds_into)")
             checked += 1
     assert checked >= 7, checked
 
