@@ -65,7 +65,7 @@ def models(reparam, placement):
     the entry alone (head tied, untied); with each value of every other VECTOR_FLAGS flag alone (so
     each is built where it folds and exports too; on an MoE where only an MoE takes it); with all
     on, head tied and untied (a vector that folds into the embedding shares it with a tied head);
-    as an MoE, alone, all on (tied, untied), and all on beside each value that only an MoE takes."""
+    as an MoE, alone, all on, and all on, head untied, beside each value that only an MoE takes."""
     others = [f for f in model_py.VECTOR_FLAGS if f not in ("sv_reparam", "sv_placement")]
     entry, moe = dict(sv_reparam=reparam, sv_placement=placement), dict(MOE, moe_dense_layers=1)
 
@@ -80,9 +80,8 @@ def models(reparam, placement):
     alone = [kw if accepted({**entry, **kw}) else dict(moe, **kw)   # only an MoE takes it
              for kw in ({f: v} for f in others for v in flag_values(f)[1:])]
     untied = dict(tie_embeddings=False)
-    combos = [{}, untied, *alone, every({}), every(untied), every(moe), every(dict(moe, **untied)),
-              moe]
-    combos += [every(kw) for kw in alone if "n_experts" in kw]
+    combos = [{}, untied, *alone, every({}), every(untied), every(moe), moe]
+    combos += [every(dict(kw, **untied)) for kw in alone if "n_experts" in kw]
     out = []
     for kw in (dict(entry, **c) for c in combos if accepted(dict(entry, **c))):
         on = ", ".join(f"{f}={kw[f]!r}" for f in kw if f in others or f == "tie_embeddings"
