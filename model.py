@@ -36,9 +36,8 @@ def norm(x, eps):
 def output_norm(y, g, groups, eps):
     """g * Norm(.) over each group of y's last dimension (DNP's output side, paper 3.2), or the
     Norm alone when g is None. `groups` splits y's last dimension as (blocks, groups, group)."""
-    yg = y.unflatten(-1, groups)   # (..., d) -> (..., blocks, groups per block, group)
-    out = norm(yg, eps) if g is None else (g * norm(yg, eps)).to(y.dtype)
-    return out.flatten(-len(groups))
+    out = norm(y.unflatten(-1, groups), eps)   # (..., d) -> (..., blocks, groups per block, group)
+    return (out if g is None else (g * out).to(y.dtype)).flatten(-len(groups))
 
 
 def swiglu(gate_up):
@@ -78,7 +77,8 @@ PLACEMENTS = {
 # "direction" (d entries of which only the direction counts) or "scalar" (one per row). The init
 # is a number, or a function of norm_eps, chosen so that g is exactly 1.
 # g: (raw parameters, norm_eps) -> the effective vectors g, shaped (rows, d)
-Reparam = namedtuple("Reparam", "params g")
+# g_at_zero: g when every raw parameter is 0, where weight decay pulls them
+Reparam = namedtuple("Reparam", "params g g_at_zero")
 
 
 def or_g(p, eps):
@@ -93,11 +93,13 @@ def er_g(p, eps):
 
 # paper 3.3: how a scale vector is parameterized
 REPARAMS = {
-    "none": Reparam(params=dict(g=("vector", 1.0)), g=lambda p, eps: p["g"]),
+    "none": Reparam(params=dict(g=("vector", 1.0)), g=lambda p, eps: p["g"], g_at_zero=0.0),
     # Norm(1) is 1 / sqrt(1 + eps), so this beta makes g exactly 1
     "or": Reparam(params=dict(alpha=("direction", 1.0),
-                              beta=("scalar", lambda eps: math.sqrt(1 + eps))), g=or_g),
-    "er": Reparam(params=dict(alpha=("direction", 0.0), beta=("scalar", 0.0)), g=er_g),
+                              beta=("scalar", lambda eps: math.sqrt(1 + eps))), g=or_g,
+                  g_at_zero=0.0),
+    "er": Reparam(params=dict(alpha=("direction", 0.0), beta=("scalar", 0.0)), g=er_g,
+                  g_at_zero=1.0),
 }
 
 # the width of DNP's g_out (DESIGN.md): the map's whole output, or one head's ("head")
@@ -334,9 +336,8 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None):
         """Returns the logits over the tokenizer's vocabulary, and the mean cross-entropy (or
         None without targets)."""
-        c, T = self.config, idx.size(1)
-        assert T <= c.block_size, f"a sequence of {T} tokens is longer than block_size"
-        rope = rope_table(c, T, idx.device, self.wte.weight.dtype)
+        c = self.config   # RoPE has no table of positions, so any length runs
+        rope = rope_table(c, idx.size(1), idx.device, self.wte.weight.dtype)
         x = self.wte(idx)
         for block in self.blocks:
             x = block(x, rope)

@@ -28,7 +28,7 @@ import telemetry
 from config.defaults import DEFAULTS, PAIR_RULES, TRAIN_RULES, help_comments
 from configurator import configure
 from dataset import dataset_dir, eval_windows, load_meta, read_rows, token_file, vocabulary
-from model import GPT, GPTConfig
+from model import GPT, REPARAMS, GPTConfig
 from runtime import any_process, build, pick_device, setup_cpu
 
 # ---- config: every key of config/defaults.py becomes a global here ------------------------------
@@ -121,9 +121,10 @@ if master:   # which vectors are decayed is printed, since a silent decay would 
           f"({model.num_active_params() / 1e6:.2f}M active per token)")
     print(f"{'class':<10} {'optim':<6} {'tensors':>7} {'params':>12} {'lr':>8} {'decay':>6}")
     for g in (g for opt in optimizers for g in opt.param_groups):
+        to_g = g["name"].startswith("sv_") and g["weight_decay"] > 0   # decay's raw 0 (REPARAMS)
         print(f"{g['name']:<10} {g['optimizer']:<6} {len(g['params']):>7} "
               f"{sum(p.numel() for p in g['params']):>12,} {g['base_lr'] * g['lr_mult']:>8.1e} "
-              f"{g['weight_decay']:>6}")
+              f"{g['weight_decay']:>6}" + f" toward g = {REPARAMS[sv_reparam].g_at_zero:g}" * to_g)
 if ckpt:   # the weights and the moments, while this run keeps its own lr, decay and betas
     checkpoint.restore(raw_model, optimizers, ckpt, ckpt_path)
 wandb_id = (ckpt or {}).get("wandb_id") or os.urandom(4).hex()   # a resume continues its run

@@ -152,21 +152,11 @@ def model_problem(c):
         return str(e)
 
 
-def decays_vectors(c):
-    return bool(DECAY_POLICIES[c["sv_weight_decay"]]) and (
-        c["sv_decay"] > 0 or c["sv_decay"] < 0 and c["weight_decay"] > 0)
-
-
 # rules on several keys at once: (ok(config), why(config) in one sentence)
 PAIR_RULES = [
     (lambda c: model_problem(c) is None, model_problem),
     (lambda c: not c["wandb_log"] or importlib.util.find_spec("wandb"),
      lambda c: "wandb_log=True needs the wandb package: pip install wandb"),
-    # AdamW decays each raw parameter toward 0; ER's g = exp(beta + alpha - mean(alpha)) is then 1
-    (lambda c: c["sv_reparam"] != "er" or not decays_vectors(c),
-     lambda c: f"sv_reparam='er' with sv_weight_decay={c['sv_weight_decay']!r}: decaying ER's raw "
-               "parameters pulls g toward 1, not 0, which is not the decay the policy means; use "
-               "sv_weight_decay='none', sv_decay=0, or sv_reparam='or' (DESIGN.md)"),
 ]
 
 

@@ -64,7 +64,8 @@ def models(reparam, placement):
     """(label, flags) of the tiny models of an entry of REPARAMS x PLACEMENTS that GPTConfig takes:
     the entry alone (head tied, untied); with each value of every other VECTOR_FLAGS flag alone (so
     each is built where it folds and exports too; on an MoE where only an MoE takes it); with all
-    on; as an MoE, alone, all on, and all on beside each value that only an MoE takes."""
+    on, head tied and untied (a vector that folds into the embedding shares it with a tied head);
+    as an MoE, alone, all on, and all on, head untied, beside each value that only an MoE takes."""
     others = [f for f in model_py.VECTOR_FLAGS if f not in ("sv_reparam", "sv_placement")]
     entry, moe = dict(sv_reparam=reparam, sv_placement=placement), dict(MOE, moe_dense_layers=1)
 
@@ -78,8 +79,9 @@ def models(reparam, placement):
         return out
     alone = [kw if accepted({**entry, **kw}) else dict(moe, **kw)   # only an MoE takes it
              for kw in ({f: v} for f in others for v in flag_values(f)[1:])]
-    combos = [{}, dict(tie_embeddings=False), *alone, every({}), every(moe), moe]
-    combos += [every(kw) for kw in alone if "n_experts" in kw]
+    untied = dict(tie_embeddings=False)
+    combos = [{}, untied, *alone, every({}), every(untied), every(moe), moe]
+    combos += [every(dict(kw, **untied)) for kw in alone if "n_experts" in kw]
     out = []
     for kw in (dict(entry, **c) for c in combos if accepted(dict(entry, **c))):
         on = ", ".join(f"{f}={kw[f]!r}" for f in kw if f in others or f == "tie_embeddings"

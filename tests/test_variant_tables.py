@@ -7,6 +7,9 @@ import copy
 import itertools
 import os
 import re
+import runpy
+import signal
+import sys
 from dataclasses import dataclass, fields
 
 import pytest
@@ -18,11 +21,11 @@ import checkpoint
 import model as model_py
 import telemetry
 from config import defaults as config_defaults
-from helpers import (MOE, ROOT, TINY, accepted, declared_class, defaults, entries, flag_values,
-                     make, models, randomize_scale_vectors, tokens, vectors)
+from helpers import (MOE, ROOT, TINY, TINY_MODEL, accepted, declared_class, defaults, entries,
+                     flag_values, make, models, randomize_scale_vectors, tokens, vectors)
 from model import AFTER_NORM, ScaleVector
 from config.variants import VARIANTS, model_keys, named_flags, variant_of
-from config.defaults import train_config
+from config.defaults import DEFAULTS, train_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # conftest's
 
@@ -63,6 +66,43 @@ def close(a, b):   # float32 logits of order 1 (a moved vector moves them by mor
     return torch.allclose(a, b, atol=2e-5, rtol=1e-4)
 
 
+def gap(a, b):
+    """max |a - b|, for a message that says by how much."""
+    return f"{(a.detach().double() - b.detach().double()).abs().max().item():.3g}"
+
+
+def untied(model):
+    """A copy of `model` where each use of a shared weight (a tied head) has a tensor of its own,
+    so each use gets its own gradient."""
+    out, seen = copy.deepcopy(model), set()
+    for key, p in list(out.named_parameters(remove_duplicate=False)):
+        if id(p) in seen:
+            holder, _, pname = key.rpartition(".")
+            setattr(out.get_submodule(holder), pname, nn.Parameter(p.detach().clone()))
+        seen.add(id(p))
+    return out
+
+
+def tied_to(model, key):
+    """The other names of the tensor at `key` (a tied head's weight and the embedding's)."""
+    return [k for k, p in model.named_parameters(remove_duplicate=False)
+            if p is model.get_parameter(key) and k != key]
+
+
+def unregistered(model):
+    """Modules and parameters a module holds outside its registered ones (a ScaleVector in a plain
+    list): the optimizer, checkpoints and every test miss them."""
+    out = []
+    for mname, m in model.named_modules():
+        for attr, value in vars(m).items():
+            held = value.values() if isinstance(value, dict) else value if isinstance(
+                value, (list, tuple)) else [value]
+            if not attr.startswith("_") and any(isinstance(v, (nn.Module, nn.Parameter))
+                                                for v in held):
+                out.append(".".join(filter(None, (mname, attr))))
+    return out
+
+
 # ---- the checks ---------------------------------------------------------------------------------
 
 def check_the_init(reparam, placement):
@@ -74,17 +114,30 @@ def check_the_init(reparam, placement):
     for label, kw in models(reparam, placement):
         model = make(**kw)
         base = make(**{k: v for k, v in kw.items() if k not in model_py.VECTOR_FLAGS})
+        assert not unregistered(model), (
+            f"{label}: {unregistered(model)} is held outside the registered modules and "
+            "parameters: register it as a submodule (a module attribute, nn.ModuleList)")
         for name, sv in vectors(model).items():
-            assert torch.equal(sv(), torch.ones_like(sv())), f"{label}: {name} is not 1 at init"
+            one = torch.ones_like(sv())
+            assert torch.equal(sv(), one), (
+                f"{label}: {name} is not 1 at init (max |g - 1| = {gap(sv(), one)}): its init must "
+                "make g exactly 1 (REPARAMS' init, or what the vector sets)")
         ref, own = base.state_dict(), model.state_dict()
         for k in (k for k, c in model.param_classes().items() if not c.startswith("sv_")):
-            assert torch.equal(ref[k], own[k]), f"{label}: {k} is not the baseline's"
+            assert torch.equal(ref[k], own[k]), (
+                f"{label}: {k} is not the baseline's at init (by {gap(ref[k], own[k])}): a "
+                "vector flag must leave the shared weights' draws as they were "
+                "(GPT._init_weights draws them in module order; a ScaleVector draws nothing)")
         logits, plain = model(idx)[0], make(**{**kw, "sv_reparam": "none"})(idx)[0]
-        assert torch.equal(logits, plain), f"{label}: the logits at init differ from 'none'"
+        assert torch.equal(logits, plain), (
+            f"{label}: the logits at init differ from sv_reparam='none''s by {gap(logits, plain)}: "
+            f"REPARAMS[{reparam!r}] must make g exactly 1 at init")
         if not model_py.PLACEMENTS[placement].norm and all(
                 sv.folds_into != AFTER_NORM for sv in vectors(model).values()):
-            assert torch.equal(logits, base(idx)[0]), \
-                f"{label}: the logits at init are not the baseline's"
+            assert torch.equal(logits, base(idx)[0]), (
+                f"{label}: the logits at init are not the baseline's (by "
+                f"{gap(logits, base(idx)[0])}), though every vector folds: a vector must be 1 at "
+                "init, and one with a Norm after it must declare AFTER_NORM")
         every_vector_trains(model, label)
 
 
@@ -93,17 +146,19 @@ def every_vector_trains(model, label):
     model(tokens(), tokens(seed=5))[1].backward()
     for name, sv in vectors(model).items():
         for pname, p in sv.named_parameters():
-            assert p.grad is not None and p.grad.abs().max() > 0, \
-                f"{label}: {name}.{pname} gets no gradient (an inert vector)"
+            assert p.grad is not None and p.grad.abs().max() > 0, (
+                f"{label}: {name}.{pname} gets no gradient (an inert vector): apply it in the "
+                "forward pass, or let GPTConfig refuse the flags that build it")
 
 
 def check_folding(reparam, placement):
     """Paper 2.2, checked on what each vector declares. A vector that says it folds does: moved
     away from 1 it moves the logits, and folded into the weights it names (by factor, not by
     model.py) it gives them back. One that says a Norm stands between folds into no weight of the
-    model (every weight and side its shape fits is tried; for reparam 'none', since what a vector
-    declares does not depend on how g is parameterized). Telemetry's g of a map is the product of
-    the vectors declared on its columns (a second one there must not be left out). And
+    model (every weight and side its shape fits is tried, each use of a tied weight apart; for
+    reparam 'none', since what a vector declares does not depend on how g is parameterized).
+    Telemetry's g of a map is the product of the vectors declared on its columns (a second one
+    there must not be left out), and the size it logs of each vector is g's. And
     fold_scale_vectors reproduces the logits, or is refused exactly where such a vector is (naming
     it) or a Norm follows the maps (DNP)."""
     idx = tokens(B=2, T=8)
@@ -115,57 +170,152 @@ def check_folding(reparam, placement):
         for names in [folds] + [[n] for n in folds]:   # all at once; then one by one, to name it
             moving = moved(model, names)
             logits, factors = moving(idx)[0], {}
-            assert not close(logits, model(idx)[0]), f"{label}: moving {names[:1]} moved nothing"
+            assert not close(logits, model(idx)[0]), (
+                f"{label}: moving {' '.join(names)} away from 1 changes no logit (inert): apply g "
+                "in the forward pass, or let GPTConfig refuse the flags that build it")
             for n in names:
                 for key, side in declared_weights(n, svs[n]):
                     f = factor(model.get_parameter(key), moving.get_submodule(n)().detach(), side)
                     factors[key] = factors.get(key, 1.0) * f
-            if close(folded(model, factors)(idx)[0], logits):
+            if close(back := folded(model, factors)(idx)[0], logits):
                 if names is folds:
                     break   # all of them fold where they declare
             elif len(names) == 1:
-                raise AssertionError(f"{label}: {names[0]} does not fold where it declares "
-                                     f"({svs[names[0]].folds_into!r}): there, the logits differ")
+                raise AssertionError(
+                    f"{label}: {names[0]} does not fold where it declares "
+                    f"({svs[names[0]].folds_into!r}): there, the logits differ by "
+                    f"{gap(back, logits)}; {declare(model, names[0], idx)}")
         else:
-            assert not folds, f"{label}: the vectors fold one by one as declared, not together"
+            assert not folds, (f"{label}: the vectors fold one by one as declared, not together: "
+                               "two of them declare the same factor of one weight")
         after = [n for n, sv in svs.items() if sv.folds_into == AFTER_NORM]
         if after and reparam == "none":
             check_none_folds(label, model, after, idx)
         moving = moved(model, list(svs))
-        for name, (W, g) in telemetry.fed_maps(moving).items():   # what train.py logs of the maps
-            want, g = torch.ones_like(W[:, 0]), torch.ones_like(W[:1, 0]) if g is None else g
-            for n, sv in vectors(moving).items():
-                if (f"{name}.weight", "columns") in declared_weights(n, sv):
-                    want = want * sv().detach().repeat_interleave(W.size(-1) // sv.width, 1)
-            assert torch.allclose(g.expand_as(want), want), \
-                f"{label}: telemetry's g of {name} is not the product of the vectors on its columns"
+        check_telemetry(label, moving)
         if after or model_py.PLACEMENTS[placement].norm:
-            with pytest.raises(ValueError, match="cannot fold") as e:
+            try:
                 moving.fold_scale_vectors()
-            assert not after or after[0] in str(e.value), (label, str(e.value))
-            continue
+            except ValueError as e:
+                assert "cannot fold" in str(e) and (not after or after[0] in str(e)), (
+                    f"{label}: fold_scale_vectors' refusal must say it cannot fold and name "
+                    f"{after[:1] or 'the placement'}, not {str(e)!r}")
+                continue
+            raise AssertionError(
+                f"{label}: fold_scale_vectors folded a model with " + (
+                    f"{after[0]} after a Norm" if after else f"a Norm after the maps ({placement})")
+                + ": it must refuse, 'cannot fold ...' (GPT.fold_scale_vectors)")
         plain = moving.fold_scale_vectors()
-        assert not vectors(plain), label
-        assert close(plain(idx)[0], moving(idx)[0]), \
-            f"{label}: the folded model does not reproduce the logits (a vector was dropped)"
+        assert not vectors(plain), (f"{label}: the folded model keeps {list(vectors(plain))}: "
+                                    "fold_scale_vectors must turn their flags off (VECTOR_FLAGS)")
+        if not close(plain(idx)[0], moving(idx)[0]):
+            raise AssertionError(f"{label}: the folded model does not reproduce the logits "
+                                 f"(by {gap(plain(idx)[0], moving(idx)[0])}): "
+                                 + wrong_fold(moving, plain, idx))
+
+
+def declare(model, n, idx, where=None):
+    """Where vector n folds (`where`, or found by trying every weight and side) and what it should
+    declare: a message's fix."""
+    where = where or where_it_folds(model, n, idx)
+    if where is None:
+        return ("it folds into no single weight of the model: declare every weight it multiplies "
+                "(folds_into), or AFTER_NORM if a Norm follows it")
+    key, side = where
+    holder = n.rpartition(".")[0]
+    tied = f" (which the tied {tied_to(model, key)[0]} shares)" if tied_to(model, key) else ""
+    if holder and not key.startswith(holder + "."):
+        return f"it folds into {key}'s {side}{tied}, outside its holder: declare it where both are"
+    path = key[len(holder) + 1:] if holder else key
+    return f"it folds into {key}'s {side}{tied}: declare folds_into=(({path!r}, {side!r}),)"
+
+
+def fits(W, g, side):
+    rows = W[..., 0].numel()   # g fits W's rows, or its columns
+    return rows == g.numel() if side == "rows" else (
+        rows % g.size(0) == 0 and W.size(-1) % g.size(1) == 0)
+
+
+def where_it_folds(model, n, idx):
+    """The (weight, side) that vector n, moved alone, folds into, each use of a tied weight apart;
+    None if none does. Every weight and side its shape fits is tried (only where a check fails)."""
+    model = untied(model)
+    moving = moved(model, [n])
+    g, want = moving.get_submodule(n)().detach(), moving(idx)[0]
+    for key, W in model.named_parameters():
+        if W.dim() > 1 and not declared_class(model, key).startswith("sv_"):
+            for side in ("columns", "rows"):
+                if fits(W, g, side) and close(
+                        folded(model, {key: factor(W, g, side)})(idx)[0], want):
+                    return key, side
+    return None
+
+
+def wrong_fold(model, plain, idx):
+    """Which weight fold_scale_vectors got wrong, against this file's own fold of every vector
+    where it declares (a message)."""
+    factors = {}
+    for n, sv in vectors(model).items():
+        for key, side in declared_weights(n, sv):
+            factors[key] = factors.get(key, 1.0) * factor(model.get_parameter(key), sv().detach(),
+                                                          side)
+    want = folded(untied(model), factors).state_dict()
+    for key, W in plain.state_dict().items():
+        if key in want and not torch.allclose(W, want[key], rtol=1e-5, atol=1e-7):
+            on = [n for n, sv in vectors(model).items()
+                  if key in dict(declared_weights(n, sv))]
+            return (f"{key} is {gap(W, want[key])} away from that weight with {on or 'no vector'} "
+                    "folded in: fold_scale_vectors must fold each vector where it declares "
+                    "(GPT.vector_sites)")
+    return ("every folded weight is right, so the model without vectors computes another function: "
+            "fold_scale_vectors must turn off each flag that only puts vectors (VECTOR_FLAGS)")
+
+
+def check_telemetry(label, model):
+    """What train.py logs of the vectors (telemetry.py), on `model` with its vectors moved: g of
+    each map fed by a Norm, the product of every vector declared on its columns; and the size of
+    each vector, [mean, min, max] of its g per row."""
+    svs = vectors(model)
+    for name, (W, g) in telemetry.fed_maps(model).items():
+        want, g = torch.ones_like(W[:, 0]), torch.ones_like(W[:1, 0]) if g is None else g
+        on = [n for n, sv in svs.items()
+              if (f"{name}.weight", "columns") in declared_weights(n, sv)]
+        for n in on:
+            want = want * svs[n]().detach().repeat_interleave(W.size(-1) // svs[n].width, 1)
+        assert torch.allclose(g.expand_as(want), want), (
+            f"{label}: telemetry's g of {name} is {gap(g.expand_as(want), want)} away from the "
+            f"product of the vectors declared on its columns ({on}): telemetry.fed_vectors must "
+            "take every vector whose folds_into names them")
+    stats, want = telemetry.vector_stats(model), {}
+    for n, sv in svs.items():
+        g = sv().detach().float()
+        for i, row in enumerate(g):
+            key = n if len(g) == 1 else f"{n}.{sv.names[i] if sv.names else i}"
+            want[key] = [row.mean().item(), row.min().item(), row.max().item()]
+    assert stats.keys() == want.keys(), (
+        f"{label}: telemetry.vector_stats logs {sorted(stats.keys() - want.keys())} and not "
+        f"{sorted(want.keys() - stats.keys())}: log each ScaleVector by its name, a row each")
+    for key, got in stats.items():
+        assert got == pytest.approx(want[key], rel=1e-6), (   # float32, the same sums
+            f"{label}: telemetry.vector_stats logs {key} as {got}, but its g has [mean, min, max] "
+            f"{want[key]}: log g (the ScaleVector's output), not a raw parameter")
 
 
 def check_none_folds(label, model, names, idx):
     """The vectors `names` (plain: their raw parameter is g), said to have a Norm after them, fold
     into no weight of the model. Folding g into W's columns at g = 1 would give dL/dg_j =
     sum_i W_ij dL/dW_ij (rows: sum over j), so only a weight and side where that holds is tried
-    for real: g moved, then folded there, must not give the moved model's logits back."""
-    model.zero_grad()
+    for real: g moved, then folded there, must not give the moved model's logits back. Each use of
+    a tied weight gets its own tensor first: a tied head's gradient holds the embedding's too."""
+    tied, model = model, untied(model)
     model(idx, tokens(B=2, T=8, seed=5))[1].backward()
-    weights = [(k, W) for k, W in model.named_parameters(remove_duplicate=False)
+    weights = [(k, W) for k, W in model.named_parameters()
                if W.dim() > 1 and not declared_class(model, k).startswith("sv_")]
     for n in names:
         moving, grad = moved(model, [n]), model.get_submodule(n).g.grad
         g = moving.get_submodule(n)().detach()
         for (key, W), side in itertools.product(weights, ("columns", "rows")):
-            rows = W[..., 0].numel()   # g fits W's rows, or its columns
-            if not (rows == g.numel() if side == "rows" else rows % g.size(0) == 0
-                    and W.size(-1) % g.size(1) == 0):
+            if not fits(W, g, side):
                 continue
             WdW = (W * W.grad).detach()
             if side == "columns":   # per row block of g, per group of in / width columns
@@ -175,8 +325,8 @@ def check_none_folds(label, model, names, idx):
                 sums = WdW.sum(-1).reshape(g.shape)
             if torch.allclose(sums, grad, rtol=1e-3, atol=1e-3 * grad.abs().max().item()) and \
                     close(folded(model, {key: factor(W, g, side)})(idx)[0], moving(idx)[0]):
-                raise AssertionError(f"{label}: {n} declares a Norm after it (AFTER_NORM), but it "
-                                     f"folds into {key}'s {side}")
+                raise AssertionError(f"{label}: {n} declares a Norm after it (AFTER_NORM), but "
+                                     + declare(tied, n, idx, (key, side)))
 
 
 # a run, then its resume with other settings (sv_decay, a learning-rate factor per class)
@@ -207,8 +357,11 @@ def check_optimizer_groups(reparam, placement):
                 checkpoint.restore(model, opts, saved, "ckpt")
             groups = [g for o in opts for g in o.param_groups]
             saved = dict(model=model.state_dict(), optimizers=[o.state_dict() for o in opts])
-            assert sorted(names[id(p)] for g in groups for p in g["params"]) == sorted(
-                names.values()), f"{label}: not every parameter in exactly one group"
+            grouped = [names[id(p)] for g in groups for p in g["params"]]
+            assert sorted(grouped) == sorted(names.values()), (
+                f"{label}: {sorted(set(names.values()) - set(grouped))} in no optimizer group, "
+                f"{sorted({n for n in grouped if grouped.count(n) > 1})} in several: "
+                "GPT.param_groups must put each parameter of param_classes in one")
             for factor in (1 / 101, 0.55):
                 exec(LR_LOOP, dict(optimizers=opts, factor=factor))
                 for g, p in ((g, p) for g in groups for p in g["params"]):
@@ -223,7 +376,9 @@ def check_optimizer_groups(reparam, placement):
                     got = (g["name"], g["optimizer"], g["weight_decay"], g["lr"])
                     assert got == want, (
                         f"{label}, {optimizer}, sv_weight_decay={policy!r}, {run}: {names[id(p)]}'s"
-                        f" (class, optimizer, weight_decay, lr) is {got}, not {want}")
+                        f" (class, optimizer, weight_decay, lr) is {got}, not {want}: the class is "
+                        "what it declares (GPT.param_classes), the decay DECAY_POLICIES', the rate "
+                        "the schedule's times lr_mults' (GPT.param_groups)")
 
 
 def same_loss_and_gradients(label, model, forwards, **tol):
@@ -299,6 +454,88 @@ def test_every_entry_of_the_tables(entry, check):
     check(*entry)
 
 
+# ---- decay: toward raw 0, in the optimizer only; what that makes of g is the table's -----------
+
+def test_every_reparameterization_states_what_decay_makes_of_g():
+    """AdamW's decay pulls every raw parameter toward 0, and nothing else pulls (the test below), so
+    where decay leads g is a fact of the reparameterization: its entry states it (g_at_zero), and
+    the pair rule of config/defaults.py reads it. Every trained raw parameter at 0 must give that
+    g, with a direction (d > 1) and without one (d = 1, a fixed buffer that decay leaves alone)."""
+    for name, entry in model_py.REPARAMS.items():
+        cfg = model_py.GPTConfig(**TINY, sv_reparam=name)
+        for d in (4, 1):
+            sv = ScaleVector(2, d, cfg, AFTER_NORM)
+            with torch.no_grad():
+                for p in sv.parameters():
+                    p.zero_()
+                g, want = sv(), torch.full((2, d), float(entry.g_at_zero))
+            assert torch.allclose(g, want, rtol=1e-6, atol=1e-6), (   # float32 rounding of g
+                f"REPARAMS[{name!r}] states g_at_zero={entry.g_at_zero}, but with its raw "
+                f"parameters at 0 (where decay leads; d={d}) g is {g.flatten()[:4].tolist()}: "
+                "state that value")
+
+
+STEP_RUN = ("--max_iters=2", "--eval_interval=1", "--eval_iters=1", "--final_eval=False",
+            "--warmup_iters=0", "--lr_schedule=constant", "--grad_clip=0", "--dtype=float64",
+            "--qk_norm=True")   # qk_norm: a vector of each class (sv_input, sv_final, sv_output)
+
+
+def run_train_py(monkeypatch, wd, *args):
+    """train.py in this process (runpy: no interpreter to start, and a table entry registered at
+    run time is seen), on the tiny model in `wd`: its globals at the end. Its signal handlers and
+    torch's TF32 switches are put back, its lock and log closed."""
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    tf32 = [(m, m.allow_tf32) for m in (torch.backends.cuda.matmul, torch.backends.cudnn)]
+    monkeypatch.chdir(wd)
+    monkeypatch.setattr(sys, "argv", ["train.py", *TINY_MODEL, *args])
+    try:
+        run = runpy.run_path(os.path.join(ROOT, "train.py"))
+    finally:
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+        for module, value in tf32:
+            module.allow_tf32 = value
+    run["run_log"].file.close()
+    run["lock"].close()
+    return run
+
+
+@pytest.mark.parametrize("reparam, policy", list(itertools.product(
+    model_py.REPARAMS, model_py.DECAY_POLICIES)))
+def test_train_py_moves_the_weights_only_by_the_optimizers_step(reparam, policy, workdir,
+                                                                 monkeypatch):
+    """No pull can hide in train.py's loop: each of two of its steps (float64, a constant rate, no
+    clipping; its checkpoints) gives bit for bit the weights of GPT.configure_optimizers' step
+    alone, taken here on the same batches, under every reparameterization and decay policy. A
+    target other than 0 for decay is the raw parameter's (g = 1 + w), never a pull after
+    opt.step()."""
+    args = [f"--sv_reparam={reparam}", f"--sv_weight_decay={policy}",
+            f"--out_dir=out_step_{reparam}_{policy}"]
+    run = run_train_py(monkeypatch, workdir, *STEP_RUN, *args)
+    torch.manual_seed(run["seed"])
+    model = model_py.GPT(run["gpt_config"]).to("cpu", torch.float64)
+    optimizers = model.configure_optimizers(
+        learning_rate=run["learning_rate"], weight_decay=run["weight_decay"],
+        betas=(run["beta1"], run["beta2"]), sv_weight_decay=policy)
+    saved = checkpoint.checkpoints(os.path.join(workdir, run["out_dir"]))
+    assert [checkpoint.step_of(p) for p in saved] == [1, 2], saved
+    for step, path in enumerate(saved):
+        x, y = run["train_batch"](step, 0)
+        model(x, y)[1].backward()
+        for opt in optimizers:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        got = torch.load(path, weights_only=True)["model"]
+        wrong = {k: gap(got[k], w) for k, w in model.state_dict().items()
+                 if not torch.equal(got[k], w)}
+        assert not wrong, (
+            f"sv_reparam={reparam!r}, sv_weight_decay={policy!r}: after step {step + 1} of "
+            f"train.py, {', '.join(f'{k} is {d}' for k, d in list(wrong.items())[:4])} away from "
+            "the optimizer's own step: train.py must change the weights only by opt.step(); a "
+            "decay toward another target is a reparameterization whose g is that target at raw 0 "
+            "(REPARAMS' g_at_zero)")
+
+
 # ---- no flag is inert, and every flag that adds a vector is in the one list ---------------------
 
 def test_no_flag_is_inert():
@@ -323,8 +560,10 @@ def test_no_flag_is_inert():
                     or signature(kw) != signature(base):
                 continue
             assert not torch.equal(make(**kw)(idx)[0], make(**base)(idx)[0]), (
-                f"{flag}={value!r} changes neither the parameters nor the function of "
-                f"{base}: GPTConfig must refuse it")
+                f"{flag}={value!r} changes neither the parameters nor the function of {base}: " + (
+                    f"{unregistered(make(**kw))} is held outside the registered modules, register "
+                    "it as a submodule (a module attribute, nn.ModuleList)"
+                    if unregistered(make(**kw)) else "GPTConfig must refuse it (check_config)"))
 
 
 def test_every_vector_flag_is_listed():
@@ -336,6 +575,9 @@ def test_every_vector_flag_is_listed():
                 and accepted(flipped):
             assert vectors(make(**flipped)).keys() == vectors(make(**base)).keys(), (
                 f"{f.name} adds or changes scale vectors: list it in model.VECTOR_FLAGS")
+            assert not unregistered(make(**flipped)), (
+                f"{f.name}=True puts {unregistered(make(**flipped))} outside the registered "
+                "modules: register it as a submodule (a module attribute, nn.ModuleList)")
 
 
 # ---- tests/README.md's checklist, followed mechanically ----------------------------------------
@@ -401,25 +643,31 @@ def toy_config(folder, name, base, **keys):
 
 
 # named variants: one of training keys; one of every toy (its flags, on an MoE: moe_toy_all_char.py)
-TOY_VARIANTS = dict(toy_decay=dict(sv_weight_decay="iwd", sv_decay=0.5), toy_all=dict(
-    sv_reparam="sp", sv_placement="norm2", sv_weight_decay="blocks_all", sv_headgate=True,
-    sv_router=True))
+TOY_VARIANTS = dict(toy_decay=dict(sv_weight_decay="blocks_all", sv_decay=0.5), toy_all=dict(
+    sv_reparam="sp", sv_placement="norm2", sv_headgate=True, sv_router=True))
 
 
 def test_the_readme_checklist_on_toy_entries(monkeypatch, tmp_path):
     """tests/README.md's checklist: one entry per table, registered at runtime, gets every generic
-    check with no other edit: a reparameterization "sp" (g = softplus(a) / softplus(0): 1 at a = 0),
-    a placement "norm2" (dnp_novec's entry: a Norm after the maps, no vector there, so folding must
-    be refused by the entry, not the name), a decay policy "blocks_all" (every vector but g_final);
-    so do two locations (a per-head gate before W_o; a vector on the router's input, MoE-only) and
-    two named variants with their config files. An MoE-only flag left out of VECTOR_FLAGS, a config
-    without a training key, fail."""
+    check with no other edit: a reparameterization "sp" (g = softplus(a) / softplus(0): 1 at a = 0,
+    and where decay leads, so a decaying policy is refused with it), a placement "norm2"
+    (dnp_novec's entry: a Norm after the maps, no vector there, so folding must be refused by the
+    entry, not the name), a decay policy "blocks_all" (every vector but g_final); so do two
+    locations (a per-head gate before W_o; a vector on the router's input, MoE-only) and two named
+    variants with their config files. A wrong g_at_zero, an MoE-only flag left out of
+    VECTOR_FLAGS, a config without a training key, entries without their README rows, fail."""
     sp = lambda p, eps: F.softplus(p["a"]) / F.softplus(p["a"].new_zeros(()))  # noqa: E731
-    monkeypatch.setitem(model_py.REPARAMS, "sp", model_py.Reparam(dict(a=("vector", 0.0)), sp))
+    monkeypatch.setitem(model_py.REPARAMS, "sp", model_py.Reparam(dict(a=("vector", 0.0)), sp, 1.0))
     monkeypatch.setitem(model_py.PLACEMENTS, "norm2", model_py.PLACEMENTS["dnp_novec"])
     monkeypatch.setitem(model_py.DECAY_POLICIES, "blocks_all", ("sv_input", "sv_output"))
     for entry, check in itertools.product([("sp", "pre"), ("sp", "dnp"), ("or", "norm2")], CHECKS):
         check(*entry)   # every generic check of each entry
+    test_every_reparameterization_states_what_decay_makes_of_g()
+    monkeypatch.setitem(model_py.REPARAMS, "sp0", model_py.REPARAMS["sp"]._replace(g_at_zero=0.0))
+    with pytest.raises(AssertionError, match=r"^REPARAMS\['sp0'\] states g_at_zero=0.0, but with "
+                                             r"its raw parameters at 0 .* g is \[1.0"):
+        test_every_reparameterization_states_what_decay_makes_of_g()
+    monkeypatch.delitem(model_py.REPARAMS, "sp0")
     register_the_toys(monkeypatch, model_py.VectorFlag((False, True), moe_only=True))
     for entry, check in itertools.product([("none", "pre"), ("er", "dp"), ("none", "dnp")], CHECKS):
         check(*entry)
@@ -432,8 +680,14 @@ def test_the_readme_checklist_on_toy_entries(monkeypatch, tmp_path):
         moe = "moe_" * keys.get("sv_router", False)
         check_config_file(toy_config(tmp_path, moe + name, moe + "baseline", **keys))
         check_named_variant(name, {f"{moe}{name}_char.py"})
-    with pytest.raises(AssertionError, match=r"does not set .*: \{'sv_decay': -1.0\}"):
-        check_config_file(toy_config(tmp_path, "toy_decay_lost", "baseline", sv_weight_decay="iwd"))
+    with pytest.raises(AssertionError, match=r"does not set .*: \{'sv_decay': -1.0\}; set "
+                                             r"sv_decay = 0.5 in it"):
+        check_config_file(toy_config(tmp_path, "toy_decay_lost", "baseline",
+                                     sv_weight_decay="blocks_all"))
+    with pytest.raises(AssertionError, match="^README.md's variants table has no row for "
+                       "sv_placement='norm2', sv_reparam='sp', sv_headgate=True, sv_router=True, "
+                       "sv_weight_decay='blocks_all': add one each"):
+        test_every_table_entry_and_flag_has_its_readme_row_and_design_entry()
     monkeypatch.delitem(model_py.VECTOR_FLAGS, "sv_router")   # GPTConfig takes it dense, inert
     with pytest.raises(AssertionError, match="^sv_router adds or changes scale vectors"):
         test_every_vector_flag_is_listed()
@@ -499,9 +753,51 @@ def test_the_readme_table_says_where_each_flags_vectors_act():
             said = set(re.findall(r"`[\w.]+` (?:rows|columns)", acts)) | (
                 {"after a Norm"} if "after a Norm" in acts else set())
             assert said == where_they_act(kw), (
-                f"README's row {flag_cell}: {sorted(where_they_act(kw))}")
+                f"README's row {flag_cell} says its vectors act at {sorted(said)}, but they "
+                f"declare {sorted(where_they_act(kw))}: write that in its third column, or fix "
+                "the declaration (folds_into)")
             checked += 1
     assert checked >= 7, checked
+
+
+def documented_values():
+    """(key, value) of each value of each VECTOR_FLAGS flag and each decay policy, the defaults
+    aside: each is one of the project's variants, which README.md and DESIGN.md name."""
+    keys = {**{f: flag_values(f) for f in model_py.VECTOR_FLAGS}, "sv_weight_decay": [
+        DEFAULTS["sv_weight_decay"],
+        *(p for p in model_py.DECAY_POLICIES if p != DEFAULTS["sv_weight_decay"])]}
+    return [(k, v) for k, values in keys.items() for v in values[1:]]
+
+
+def spelled(key, value):
+    """How a doc writes key=value in backticks: `key="v"` or `key='v'`; `key=True`."""
+    return [f'`{key}="{value}"`', f"`{key}='{value}'`"] if isinstance(value, str) else [
+        f"`{key}={value!r}`"]
+
+
+def test_every_table_entry_and_flag_has_its_readme_row_and_design_entry():
+    """README's variants table has a row for each value of each flag and decay policy (in a row's
+    first cell, `key=value`, or its value as `"value"` beside `key=`), and DESIGN.md, which defines
+    the variants, names each (`key=value`, a bool flag as `key`, a table entry as `value`)."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        rows = [line.split(" | ") for line in f if line.startswith("| `")]
+    with open(os.path.join(ROOT, "DESIGN.md"), encoding="utf-8") as f:
+        design = f.read()
+    no_row, no_entry = [], []
+    for key, value in documented_values():
+        if not any(lit in " | ".join(row) for row in rows for lit in spelled(key, value)) and not (
+                isinstance(value, str) and any(f"`{key}=" in row[0] and f'`"{value}"`' in row[0]
+                                               for row in rows)):
+            no_row.append(f"{key}={value!r}")
+        names = spelled(key, value) + ([f"`{key}`"] if value is True else []) + (
+            [f"`{value}`", f'`"{value}"`'] if isinstance(value, str) else [])
+        if not any(n in design for n in names):
+            no_entry.append(f"{key}={value!r}")
+    assert not no_row and not no_entry, "; ".join(
+        ([f"README.md's variants table has no row for {', '.join(no_row)}: add one each, "
+          "| `key=value` | what it does | where its vectors act | paper |"] if no_row else [])
+        + ([f"DESIGN.md does not name {', '.join(no_entry)}: add each one's definition there, "
+            "naming it as `key=value`"] if no_entry else []))
 
 
 # ---- one list of named variants: configs and grids are checked against config/variants.py -----
@@ -523,7 +819,8 @@ def check_config_file(path):
     name = variant_of(os.path.basename(path)[:-3].rsplit("_", 1)[0])
     cfg, want = train_config(path), named_flags(name)
     wrong = {k: cfg[k] for k in want if cfg[k] != want[k]}
-    assert not wrong, f"{path} does not set the keys of VARIANTS[{name!r}] ({want}): {wrong}"
+    assert not wrong, (f"{path} does not set the keys of VARIANTS[{name!r}] ({want}): {wrong}; "
+                       f"set {', '.join(f'{k} = {want[k]!r}' for k in wrong)} in it")
     kw = {k: cfg[k] for k in defaults() if k in want or k.startswith(("n_expert", "n_shared"))}
     kw.update(moe_dense_layers=min(cfg["moe_dense_layers"], 1), moe_hidden=32)
     every_vector_trains(make(**kw), path)
@@ -536,7 +833,10 @@ def check_named_variant(name, configs):
     train_config(f"config/{'moe_baseline' if moe else 'shakespeare'}_char.py",
                  tuple(f"--{k}={v}" for k, v in flags.items()))
     model_py.GPTConfig(**TINY, **model_keys(flags), **(MOE if moe else {}))
-    assert f"{'moe_' * moe}{name}_char.py" in configs or name.endswith(("_novec", "_noiwd")), name
+    assert f"{'moe_' * moe}{name}_char.py" in configs or name.endswith(("_novec", "_noiwd")), (
+        f"VARIANTS[{name!r}] has no config file: write config/{'moe_' * moe}{name}_char.py "
+        f"(from config.{'moe_' * moe}baseline_char import *, then its keys) and its size in "
+        "tests/test_configs.py")
 
 
 def test_every_named_variant_builds_and_has_a_char_config_and_every_config_is_one():
@@ -545,5 +845,6 @@ def test_every_named_variant_builds_and_has_a_char_config_and_every_config_is_on
     # a config named after no variant would be size-checked only (tests/test_configs.py); the
     # quick start's shakespeare_char is the baseline under another name
     others = {f for f in os.listdir(os.path.join(ROOT, "config")) if f.endswith(".py")}
-    others -= {*CONFIGS, "__init__.py", "defaults.py", "variants.py"}
-    assert others == {"shakespeare_char.py"}
+    others -= {*CONFIGS, "__init__.py", "defaults.py", "variants.py", "shakespeare_char.py"}
+    assert not others, (f"config/{sorted(others)[0]} is named after no variant: add its variant's "
+                        "keys to config/variants.py, or rename it <variant>_char.py")

@@ -19,7 +19,8 @@ details match:
     reordered alike);
   - norms: Llama's RMSNorm is weight * x / sqrt(mean(x^2) + eps), so its weights are 1 (the vectors
     are folded) and rms_norm_eps = norm_eps; a tied head keeps g_final in the final norm's weight
-    instead, since folding it into the head would untie it;
+    instead, since folding it into the head would untie it (a vector that folds into the
+    embedding does untie it: keeps_tie);
   - vocabulary: the rows added by vocab_pad are dropped (vocab_size rows are written): no token id
     points at them and model.py never returns their logits (its loss's softmax does include them:
     see --verify).
@@ -126,6 +127,15 @@ def _fold(model):
     return twin.fold_scale_vectors()
 
 
+def keeps_tie(model):
+    """Whether the export keeps a tied head tied, g_final in the final norm's weight: only if no
+    other vector folds into the embedding or the head (GPT.vector_sites), since folded, each would
+    hold its own vectors and the two would differ; the export then unties them."""
+    return model.config.tie_embeddings and not any(
+        key in (EMBEDDING, HEAD) for name, sites in model.vector_sites().items()
+        if name != FINAL_VECTOR for key, _ in sites)
+
+
 def _vector(module):
     """The effective scale vector of an OutputNorm / ScaleVector holder, or None
     (scale_vectors=False)."""
@@ -159,13 +169,13 @@ def hf_export(model):
                 g = _vector(mods[f"blocks.{i}.{name}"])
                 state[f"model.layers.{i}.{hf_name}"] = (
                     torch.ones(hd) if g is None else g.float().cpu())[order[:hd]]
-    g_final = getattr(model, FINAL_VECTOR)
-    if cfg.tie_embeddings:
+    g_final, tied = getattr(model, FINAL_VECTOR), keeps_tie(model)
+    if tied:
         # keep the tie: g_final goes into the final norm's weight, not into the head
         state["model.norm.weight"] = (ones if g_final is None
                                       else g_final().reshape(-1).float().cpu())
     else:
-        # untied: the folded head already holds W_head diag(g_final)
+        # untied, by the config or by keeps_tie: the folded head holds W_head diag(g_final)
         state["model.norm.weight"] = ones
         state["lm_head.weight"] = folded[HEAD][:V]
     mapped = {EMBEDDING, HEAD,
@@ -185,7 +195,7 @@ def hf_export(model):
         # transformers < 5 reads rope_theta, >= 5 rope_parameters
         "rope_theta": cfg.rope_theta,
         "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
-        "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": False, "mlp_bias": False,
+        "tie_word_embeddings": tied, "attention_bias": False, "mlp_bias": False,
         "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True,
         "torch_dtype": "float32",
     }
@@ -460,7 +470,7 @@ def main(argv):
     print(f"{path} (iteration {ckpt.get('iter_num')}) -> {args['to']}: "
           f"{config['architectures'][0]}, "
           f"{c.vocab_size} of {c.padded_vocab} vocabulary rows (the padding is dropped), "
-          "head " + ('tied, g_final in model.norm.weight' if c.tie_embeddings
+          "head " + ('tied, g_final in model.norm.weight' if config["tie_word_embeddings"]
                      else 'untied, g_final folded into lm_head'))
     print({"gpt2": "tokenizer: GPT-2 BPE (vocab.json, merges.txt)",
            "char": f"tokenizer: the run's {c.vocab_size} characters, one token each "

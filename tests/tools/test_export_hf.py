@@ -178,5 +178,26 @@ def test_every_table_entry_exports_its_logits_or_is_refused_in_one_sentence(entr
                 sv.folds_into == model_py.AFTER_NORM and not n.endswith(qk)
                 for n, sv in vectors(model).items())), f"{label}: refused: {e}"
             continue
-        assert (llama_forward(config, state, idx) - model(idx)[0].double()).abs().max() < 1e-4, (
-            f"{label}: the export's logits are not the model's")
+        diff = (llama_forward(config, state, idx) - model(idx)[0].double()).abs().max().item()
+        assert diff < 1e-4, (f"{label}: the export's logits are not the model's (by {diff:.3g}): "
+                             + wrong_tensor(model, config, state))
+
+
+def wrong_tensor(model, config, state):
+    """Which of the export's embedding and head is not the folded model's, and the fix (a failing
+    test's message): a vector folded into a weight the tied head shares needs the head untied."""
+    plain, V = export_hf._fold(model).float(), model.config.vocab_size
+    embedding = state["model.embed_tokens.weight"]
+    head = state.get("lm_head.weight", embedding) * state["model.norm.weight"]
+    on_tied = [n for n, s in model.vector_sites().items() if n != export_hf.FINAL_VECTOR
+               and {export_hf.EMBEDDING, export_hf.HEAD} & {k for k, _ in s}]
+    for name, got, want in (("model.embed_tokens.weight", embedding, plain.wte.weight[:V]),
+                            ("the head", head, plain.head.weight[:V])):
+        if not torch.allclose(got, want.detach(), atol=1e-5):
+            gap = (got - want).abs().max().item()
+            return f"{name} is {gap:.3g} away from the folded model's" + (
+                f"; {on_tied} fold into the embedding or the head, which are tied: the export must "
+                "untie them (export_hf.keeps_tie)" if config["tie_word_embeddings"] and on_tied
+                else ": export_hf.hf_export must write the folded weights")
+    return ("the embedding and head are right, so a block's weights are not "
+            "(export_hf.BLOCK_WEIGHTS)")
