@@ -513,7 +513,7 @@ def test_train_py_moves_the_weights_only_by_the_optimizers_step(reparam, policy,
             f"--out_dir=out_step_{reparam}_{policy}"]
     run = run_train_py(monkeypatch, workdir, *STEP_RUN, *args)
     torch.manual_seed(run["seed"])
-    model = model_py.GPT(run["gpt_config"]).to("cpu", torch.float64)
+    model = model_py.GPT(model_py.GPTConfig(**run["model_args"])).to("cpu", torch.float64)
     optimizers = model.configure_optimizers(
         learning_rate=run["learning_rate"], weight_decay=run["weight_decay"],
         betas=(run["beta1"], run["beta2"]), sv_weight_decay=policy)
