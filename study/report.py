@@ -967,7 +967,7 @@ def permutation_p(a, b):
     over every split of the pooled values into groups of their sizes, the share whose |difference
     of means| is at least the observed one (26 values at most: 10M splits). A split's group of
     len(a) is some values of the pooled first half and the rest of the second, so every sum is
-    one of a half's subset sums plus one of the other's (the splits of 24 values in 0.1 s)."""
+    one of a half's subset sums plus one of the other's: no loop over the splits themselves."""
     x = np.concatenate([np.asarray(a, float), np.asarray(b, float)])
     if len(x) > 26:
         return None
@@ -1076,7 +1076,7 @@ def contrast_cell(c):
 
 
 def size_report(results):
-    from study.grids import SIZE_CELLS, TUNE_SEEDS
+    from study.grids import SIZE_CELLS, TUNE_SEEDS, size_name
     picks, rows = size_cells(results)
     contrasts = size_contrasts(rows)
     lrs = sorted({lr for x in SIZE_CELLS.values() for lr in x}, key=float)
@@ -1088,7 +1088,7 @@ def size_report(results):
              "| cell | family | " + " | ".join(lrs) + " |", "|---" * (len(lrs) + 2) + "|"]
     lines += [f"| {cell_label(cell)} | {f} | " + " | ".join(pick_cells(p, lrs)) + " |"
               for cell, by in picks.items() for f, p in by.items()]
-    picked = [f"{n}" for row in rows.values() for n in (row["baseline"], row["variant"])]
+    picked = [size_name(f, *cell, p["best"]) for cell, by in picks.items() for f, p in by.items()]
     if picked:
         lines += ["", "The picked rows' other seeds: `python -m study.reproduce --grid=size "
                   f"--seeds={SIZE_SEEDS} --variants={','.join(picked)}`"]

@@ -132,7 +132,7 @@ def test_the_size_and_muon_reports_leave_out_the_seeds_that_picked_the_rates():
     diagonal = contrasts["size at 0.96 tokens per parameter"]["all"]
     assert diagonal["p"] == pytest.approx(2 / 12870) and diagonal["verdict"] == "higher"
     lines = "\n".join(report.size_report(results)[0])
-    picked = ",".join(f"{r['baseline']},{r['variant']}" for r in rows.values())
+    picked = ",".join(grids.size_name(f, *c, p) for (f, c), p in best.items())
     assert f"--seeds={report.SIZE_SEEDS} --variants={picked}`" in lines
     assert "**" in lines and "(edge)" in lines and "| seeds 4, 9 |" in lines
     # before the pairs' seeds ran, and before anything ran
