@@ -29,9 +29,9 @@ STEP_COST = {"compiled": 1.165, "eager": 1.475}
 # families whose rates the grid's report picks on TUNE_SEEDS (left out of the pair); skip: seeds
 # left out (they picked the rates elsewhere); stat: a report.TELEMETRY statistic or
 # report.FROZEN_G, else the loss; kind: "pair", "cell" (a cell of the size grid, unified minus the
-# baseline at their picked rates), "contrast" (one of report.SIZE_CONTRASTS, named by variant;
-# "contrast off plateau": without the baseline seeds on the early plateau), "factor" (the
-# scaling grid's token factor)
+# baseline at their picked rates), "contrast" (one of report.SIZE_CONTRASTS, named by variant),
+# each with "... off plateau" (without the baseline seeds on the early plateau, where there are),
+# "factor" (the scaling grid's token factor)
 Row = namedtuple("Row", "claim paper grid variant control sign what pick skip stat kind",
                  defaults=("", False, (), None, "pair"))
 PICKED, RATES = "each at its rate (picked on seeds 1-2)", "each at its rate of the lr grid"
@@ -87,8 +87,9 @@ CLAIMS = [
     Row("the gain with model size", "holds or grows, 0.12B to 2B", "scaling", "unified_2x64",
         "baseline_2x64_x1", -1, "same lr"),
     Row("", "", "scaling", "unified_5x160", "baseline_5x160_x1", -1, "same lr"),
-    *[Row("", "", "size", report.cell_label(c), "", -1, PICKED, kind="cell")
-      for c in sorted(SIZE_CELLS, key=lambda c: (SIZES[c[0]], c[1]))],
+    *[Row("", "", "size", report.cell_label(c), "", -1, PICKED, kind=kind)
+      for c in sorted(SIZE_CELLS, key=lambda c: (SIZES[c[0]], c[1]))
+      for kind in ("cell", "cell off plateau")],
     # the paper's claim is of size: a gap at the larger size minus at the smaller at or below 0
     *[Row("", "", "size", name, "", -1 if name.startswith("size") else 0, "Welch, permutation p",
           kind=kind) for name, *_ in report.SIZE_CONTRASTS
@@ -192,7 +193,7 @@ def compute(row, load=load):
         return factor(row, results)
     if row.kind.startswith("contrast"):
         return contrast(row, results)
-    if row.kind == "cell":
+    if row.kind.startswith("cell"):
         return cell(row, results)
     a, b, seeds, diffs, mixed = pair(row, results)
     what = (row.what if row.stat in (report.FROZEN_G, report.FOLD_SHARE) else
@@ -233,15 +234,25 @@ def plateau_words(r):
 
 
 def cell(row, results):
-    """A cell of the size grid: unified minus the baseline at their picked rates."""
+    """A cell of the size grid: unified minus the baseline at their picked rates, with every seed
+    or ("cell off plateau") without the baseline seeds on the early plateau; None where none is."""
     r = size_figures(results)[0].get(row.variant)
+    off = row.kind.endswith("plateau")
+    if off and not (r and r["plateau"]):
+        return None
     out = {"what": f"{row.variant}: unified - baseline, {row.what} (`{row.grid}`)", "n": 0}
     if r:
+        figs = r["off plateau"] if off else r
+        seeds = [s for s in r["seeds"] if not (off and s in r["plateau"])]
+        diffs = [d for s, d in zip(r["seeds"], r["diffs"]) if s in seeds]
         out.update(what=f"{r['variant']} - {r['baseline']}, {row.what}, "
-                        f"{report.seed_list(r['seeds'])}{plateau_words(r)} (`{row.grid}`)",
-                   n=len(r["seeds"]), p=r["p"], below=sum(d < 0 for d in r["diffs"]),
-                   ci95=r["ci95"], regime=cell_regime(results, r),
-                   text=f"{report.pm(r['mean'], r['std'], '+.4f')} {report.interval(r['ci95'])}")
+                        f"{report.seed_list(seeds)}"
+                        + (f", without the baseline's plateau ({report.seed_list(r['plateau'])})"
+                           if off else plateau_words(r)) + f" (`{row.grid}`)",
+                   n=len(seeds), p=figs["p"], below=sum(d < 0 for d in diffs),
+                   ci95=figs["ci95"], regime=cell_regime(results, r),
+                   text=f"{report.pm(figs['mean'], figs['std'], '+.4f')} "
+                        f"{report.interval(figs['ci95'])}")
     return out
 
 

@@ -1019,8 +1019,8 @@ def cell_label(cell):
 def size_cells(results):
     """The size grid's cells (grids.SIZE_CELLS): in each, each family's rate picked by the mean
     loss over TUNE_SEEDS, then unified minus the baseline at their picked rates, paired by seed on
-    the other seeds, with the seeds whose baseline is on the early plateau (PLATEAU). (picks
-    {cell: {family: pick_rate's}}, rows {cell: row})."""
+    the other seeds, with the seeds whose baseline is on the early plateau (PLATEAU) and the
+    pair without them. (picks {cell: {family: pick_rate's}}, rows {cell: row})."""
     from study.grids import SIZE_CELLS, TUNE_SEEDS, size_name
     picks, rows = {}, {}
     for cell, lrs in SIZE_CELLS.items():
@@ -1034,9 +1034,11 @@ def size_cells(results):
         res, base = (left_out(results.get(n, {}), TUNE_SEEDS) for n in (a, b))
         seeds, diffs = paired_diffs(res, base)
         if seeds:
+            plateau = [s for s in seeds if loss_of(base[s]) > PLATEAU]
             rows[cell] = {"cell": cell_label(cell), "variant": a, "baseline": b, "seeds": seeds,
-                          "diffs": diffs, **part(diffs, -1),
-                          "plateau": [s for s in seeds if loss_of(base[s]) > PLATEAU]}
+                          "diffs": diffs, **part(diffs, -1), "plateau": plateau,
+                          "off plateau": part([d for s, d in zip(seeds, diffs)
+                                               if s not in plateau], -1) if plateau else None}
     return picks, rows
 
 
@@ -1095,12 +1097,16 @@ def size_report(results):
     lines += ["", "Unified minus the baseline at their picked rates, paired by seed; plateau: the "
               f"seeds whose baseline ends above {PLATEAU} (the val split's character-bigram loss, "
               "2.48, plus 0.2):", "",
-              "| cell | variant | vs | n | diff (mean ± std) | 95% CI | p | verdict | plateau |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "| cell | variant | vs | n | diff (mean ± std) | 95% CI | p | verdict | plateau "
+              "| without the plateau's |", "|---|---|---|---|---|---|---|---|---|---|"]
+    off = lambda o: "" if o is None else (   # noqa: E731
+        f"{pm(o['mean'], o['std'], '+.4f')} {interval(o['ci95'])}, p = {p_value(o['p'])}, "
+        f"{o['verdict']}")
     lines += [f"| {r['cell']} | {r['variant']} | {r['baseline']} | {len(r['seeds'])} "
               f"| {pm(r['mean'], r['std'], '+.4f')} | {interval(r['ci95'])} "
               f"| {p_value(r['p'])} | {r['verdict']} "
-              f"| {seed_list(r['plateau']) if r['plateau'] else 'none'} |" for r in rows.values()]
+              f"| {seed_list(r['plateau']) if r['plateau'] else 'none'} | {off(r['off plateau'])} |"
+              for r in rows.values()]
     if contrasts:
         lines += ["", "The contrasts, one cell's gap minus another's (above 0: a smaller gain in "
                   "the first): the difference of means, its 95% Welch interval (n + n), the "

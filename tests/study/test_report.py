@@ -127,6 +127,8 @@ def test_the_size_and_muon_reports_leave_out_the_seeds_that_picked_the_rates():
         assert (c["off plateau"] is None) == (not off), name
     off = contrasts["size at 133 steps"]["off plateau"]   # without seeds 4 and 9 of 2x64 at 133
     kept = [gap[cells[0]](s) for s in later if s not in (4, 9)]
+    assert rows[cells[0]]["off plateau"]["mean"] == pytest.approx(statistics.mean(kept))
+    assert [r["off plateau"] for r in rows.values()][1:] == [None] * 3
     assert off["n"] == [8, 6] and off["mean"] == pytest.approx(
         statistics.mean(d[cells[3]]) - statistics.mean(kept))
     diagonal = contrasts["size at 0.96 tokens per parameter"]["all"]
