@@ -1,7 +1,7 @@
 """
 The paper study: grids of variants x seeds trained with train.py, their paired statistics and
-figures, and the committed results (study/README.md is its lab notebook). Run from the
-repository's root:
+figures, and the committed results (study/README.md: the claims; study/NOTES.md: the lab notebook
+of each round's predictions and scores). Run from the repository's root:
 
     python -m study.reproduce --help
 

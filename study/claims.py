@@ -1,9 +1,9 @@
 """
-The claims table and the mechanism's comparisons in study/README.md, made from the committed
-results (study/results/<grid>/runs) by one command:
+The claims table of study/README.md and the mechanism's comparisons of study/NOTES.md, made from
+the committed results (study/results/<grid>/runs) by one command:
 
-    python -m study.claims            # rewrites both tables between their markers in the README
-    python -m study.claims --check    # exits 1 where the README's tables are not what it makes
+    python -m study.claims            # rewrites both tables between their markers
+    python -m study.claims --check    # exits 1 where a table is not what it makes
 
 Each row is one comparison: variant minus control, paired by seed on one code
 (report.paired_diffs), with the regime its runs trained in, read from their own settings. The
@@ -18,22 +18,26 @@ import sys
 from collections import namedtuple
 
 from study import report
-from study.grids import ROOT, TUNE_SEEDS
+from study.grids import ROOT, SIZE_CELLS, SIZES, TUNE_SEEDS
 
-README = os.path.join(ROOT, "study", "README.md")
+README, NOTES = (os.path.join(ROOT, "study", f) for f in ("README.md", "NOTES.md"))
 RESULTS = os.path.join(ROOT, "study", "results")
 # unified's step over the baseline's on the CPU recipe (study/BENCHMARKS.md, python -m tools.bench)
 STEP_COST = {"compiled": 1.165, "eager": 1.475}
 
 # claim and paper: the paper's words, on a claim's first row; pick: variant and control are
 # families whose rates the grid's report picks on TUNE_SEEDS (left out of the pair); skip: seeds
-# left out (they picked the rates elsewhere); stat: a report.TELEMETRY statistic, else the loss;
-# kind: "pair", or "trend" (the size grid's gap at 5x160 minus at 2x64), "factor" (the scaling
-# grid's token factor)
+# left out (they picked the rates elsewhere); stat: a report.TELEMETRY statistic or
+# report.FROZEN_G, else the loss; kind: "pair", "cell" (a cell of the size grid, unified minus the
+# baseline at their picked rates), "contrast" (one of report.SIZE_CONTRASTS, named by variant),
+# each with "... off plateau" (without the baseline seeds on the early plateau, where there are),
+# "factor" (the scaling grid's token factor)
 Row = namedtuple("Row", "claim paper grid variant control sign what pick skip stat kind",
                  defaults=("", False, (), None, "pair"))
 PICKED, RATES = "each at its rate (picked on seeds 1-2)", "each at its rate of the lr grid"
 UNTIED = "2x64_untied_lr2e-3"
+TEN = "10x the matrices' 0.1"   # a vector's decay of 1.0 beside the recipe's weight decay
+FROZEN = "with a frozen g of the baseline's spread"
 CLAIMS = [
     Row("no vectors: higher loss", "+0.028 same lr; +0.015 retuned (0.12B)", "tuned", "noscale",
         "baseline", +1, "same lr"),
@@ -62,30 +66,34 @@ CLAIMS = [
     Row("unified, MoE", "about -0.04", "default", "moe_unified", "moe_baseline", -1),
     Row("IWD: lower loss, plain Pre-Norm", "IWD below no decay (2.2)", "decay", "iwd_sv0.1",
         "baseline", -1, "vectors at 0.1"),
-    Row("", "", "decay", "iwd_sv1.0", "baseline", -1, "vectors at 1.0"),
+    Row("", "", "decay", "iwd_sv1.0", "baseline", -1, f"vectors at 1.0, {TEN}"),
     Row("", "", "decay", "iwd_blocks_sv0.1", "baseline", 0, "all but `g_final`, at 0.1"),
-    Row("", "", "decay", "iwd_blocks_sv1.0", "baseline", 0, "all but `g_final`, at 1.0"),
-    Row("", "", "decay", "iwd_blocks_sv1.0", "iwd_sv1.0", 0, "`g_final` spared, at 1.0"),
+    Row("", "", "decay", "iwd_blocks_sv1.0", "baseline", 0, f"all but `g_final`, at 1.0, {TEN}"),
+    Row("", "", "decay", "iwd_blocks_sv1.0", "iwd_sv1.0", 0, f"`g_final` spared, at 1.0, {TEN}"),
     Row("... the head untied", "", "untied", f"iwd_{UNTIED}_sv0.1", f"baseline_{UNTIED}", -1,
         "vectors at 0.1"),
-    Row("", "", "untied", f"iwd_{UNTIED}_sv1.0", f"baseline_{UNTIED}", -1, "vectors at 1.0"),
+    Row("", "", "untied", f"iwd_{UNTIED}_sv1.0", f"baseline_{UNTIED}", -1,
+        f"vectors at 1.0, {TEN}"),
     Row("", "", "untied", f"iwd_blocks_{UNTIED}_sv0.1", f"baseline_{UNTIED}", 0,
         "all but `g_final`, at 0.1"),
     Row("", "", "untied", f"iwd_blocks_{UNTIED}_sv1.0", f"baseline_{UNTIED}", 0,
-        "all but `g_final`, at 1.0"),
+        f"all but `g_final`, at 1.0, {TEN}"),
     Row("... Gemma-style (QK-norm, post-norm)", "", "default", "gemma_iwd", "gemma_none", -1,
         "vectors at 0.1"),
-    Row("", "", "iwd", "gemma_iwd_sv1", "gemma_none_sv1", -1, "vectors at 1.0"),
+    Row("", "", "iwd", "gemma_iwd_sv1", "gemma_none_sv1", -1, f"vectors at 1.0, {TEN}"),
     Row("decay on Output-Norm vectors", "harmful (2.2)", "decay", "gemma_owd_sv0.1",
         "gemma_none", +1, "at 0.1"),
-    Row("", "", "decay", "gemma_owd_sv1.0", "gemma_none", +1, "at 1.0"),
+    Row("", "", "decay", "gemma_owd_sv1.0", "gemma_none", +1, f"at 1.0, {TEN}"),
     Row("the gain with model size", "holds or grows, 0.12B to 2B", "scaling", "unified_2x64",
         "baseline_2x64_x1", -1, "same lr"),
     Row("", "", "scaling", "unified_5x160", "baseline_5x160_x1", -1, "same lr"),
-    Row("", "", "size", "unified_2x64", "baseline_2x64", -1, PICKED, pick=True),
-    Row("", "", "size", "unified_5x160", "baseline_5x160", -1, PICKED, pick=True),
-    Row("", "", "size", "gap at 5x160", "gap at 2x64", -1, "Welch, permutation p",
-        kind="trend"),
+    *[Row("", "", "size", report.cell_label(c), "", -1, PICKED, kind=kind)
+      for c in sorted(SIZE_CELLS, key=lambda c: (SIZES[c[0]], c[1]))
+      for kind in ("cell", "cell off plateau")],
+    # the paper's claim is of size: a gap at the larger size minus at the smaller at or below 0
+    *[Row("", "", "size", name, "", -1 if name.startswith("size") else 0, "Welch, permutation p",
+          kind=kind) for name, *_ in report.SIZE_CONTRASTS
+      for kind in ("contrast", "contrast off plateau")],
     Row("the gain across regimes", "100 tokens/param, one pass", "regime", "unified_2x64_t1",
         "baseline_2x64_t1", -1),
     *[Row("", "", "regime", f"unified_{s}", f"baseline_{s}", -1)
@@ -101,6 +109,11 @@ MECHANISM = [
     Row("", "", "power", "unified", "baseline", 0, stat="corr(g, col norm of W')"),
     Row("4. without vectors the column updates spread less", "lower: nothing preconditions "
         "them", "tuned", "noscale", "baseline", -1, stat="update cv"),
+    # the comparison's words whole: each term is a run, or one with a frozen g (report.frozen_g)
+    Row("", "", "tuned", "noscale", "baseline", 0, f"noscale - noscale {FROZEN}: the fold's "
+        "arithmetic", stat=report.FOLD_SHARE),
+    Row("... beyond the fold's arithmetic", "lower, beyond a frozen `g`", "tuned", "noscale",
+        "baseline", -1, f"noscale {FROZEN} - baseline", stat=report.FROZEN_G),
     Row("the folded step's SGD exponent", "2 ± 0.1 each", "tuned", "dnp", "baseline", 0,
         stat="SGD exponent"),
 ]
@@ -133,8 +146,9 @@ def rate(c):
 
 
 def regime(r, other=None):
-    """The words of a run's regime: size, tokens per non-embedding parameter, epochs, the head
-    tied or not, the rate (other: the control's run, where its rate differs)."""
+    """The words of a run's regime: size, steps, tokens per non-embedding parameter, epochs, the
+    head tied or not, the rate (other: the control's run; "lr a / b": the run's, the control's,
+    where they differ)."""
     run = lambda x: settings(x["config"], tuple(a for a in x["args"]   # noqa: E731
                                                   if not a.startswith(("--seed=", "--out_dir="))))
     c = run(r)
@@ -143,19 +157,15 @@ def regime(r, other=None):
     lr = rate(c) + (f" / {rate(run(other)).split()[-1]}"
                     if other and rate(run(other)) != rate(c) else "")
     per_param = tokens / report.non_embedding_params(c["n_layer"], c["n_embd"])
-    return (f"{c['n_layer']}x{c['n_embd']}, {per_param:.2g} tok/param, {epochs:.2g} epochs, "
-            f"head {'tied' if c['tie_embeddings'] else 'untied'}, {lr}")
+    return (f"{c['n_layer']}x{c['n_embd']}, {c['max_iters']} steps, {per_param:.2g} tok/param, "
+            f"{epochs:.2g} epochs, head {'tied' if c['tie_embeddings'] else 'untied'}, {lr}")
 
 
-def picked(grid, results, family):
-    """The variant of `family` (in the size grid "<family>_<size>") at the rate its grid's report
-    picked; None before the picking seeds ran."""
-    if grid == "tuned":
-        pick = report.tuned_pairs(results)[0].get(family)
-        return pick and (family if pick["best"] == "1e-3" else f"{family}_lr{pick['best']}")
-    f, size = family.rsplit("_", 1)
-    pick = report.size_trend(results)[0].get(size, {}).get(f)
-    return pick and f"{family}_lr{pick['best']}"
+def picked(results, family):
+    """The tuned grid's variant of `family` at the rate its report picked; None before the picking
+    seeds ran."""
+    pick = report.tuned_pairs(results)[0].get(family)
+    return pick and (family if pick["best"] == "1e-3" else f"{family}_lr{pick['best']}")
 
 
 def pair(row, results):
@@ -163,9 +173,11 @@ def pair(row, results):
     a, b = row.variant, row.control
     skip = TUNE_SEEDS if row.pick else row.skip
     if row.pick:
-        a, b = picked(row.grid, results, a), picked(row.grid, results, b)
+        a, b = picked(results, a), picked(results, b)
     res, base = ({s: r for s, r in results.get(n, {}).items() if s not in skip} for n in (a, b))
-    if row.stat:
+    if row.stat in (report.FROZEN_G, report.FOLD_SHARE):
+        seeds, diffs = report.frozen_g_pair(res, base, row.stat)
+    elif row.stat:
         seeds, diffs = report.telemetry_pair(res, base, row.stat)
     else:
         seeds, diffs = report.paired_diffs(res, base)
@@ -174,14 +186,18 @@ def pair(row, results):
 
 def compute(row, load=load):
     """A row's figures: {"what", "n", "p", "below", and where it ran "regime", "ci95", "text"};
-    "n" 0 where its grid has not run it yet."""
+    "n" 0 where its grid has not run it yet; None for a row that does not apply (a contrast
+    without the plateau's seeds where no seed is on it)."""
     results = load(row.grid)
     if row.kind == "factor":
         return factor(row, results)
-    if row.kind == "trend":
-        return trend(row, results)
+    if row.kind.startswith("contrast"):
+        return contrast(row, results)
+    if row.kind.startswith("cell"):
+        return cell(row, results)
     a, b, seeds, diffs, mixed = pair(row, results)
-    what = f"{a or row.variant} - {b or row.control}" + (f", {row.what}" if row.what else "")
+    what = (row.what if row.stat in (report.FROZEN_G, report.FOLD_SHARE) else
+            f"{a or row.variant} - {b or row.control}" + (f", {row.what}" if row.what else ""))
     if row.skip or row.pick:
         what += f", {report.seed_list(seeds)}" if seeds else ""
     if mixed:
@@ -196,15 +212,70 @@ def compute(row, load=load):
     return out
 
 
-def trend(row, results):
-    """The size grid's gap at its largest size minus at its smallest (report.size_trend)."""
-    _, pairs, t = report.size_trend(results)
-    out = {"what": f"{row.variant} minus {row.control}, {row.what} (`{row.grid}`)", "n": 0}
-    if t:
-        n = [len(r["seeds"]) for r in pairs]
-        out.update(n=min(n), n_text=" + ".join(map(str, n)), p=t["p"], ci95=t["ci95"],
-                   text=f"{t['mean']:+.4f} {report.interval(t['ci95'])}",
-                   regime="; ".join(regime(results[r["baseline"]][r["seeds"][0]]) for r in pairs))
+FIGURES = {}   # id(results): (results, size_figures'), so that a grid's contrasts run once
+
+
+def size_figures(results):
+    """report.size_cells' rows by cell label and report.size_contrasts by name."""
+    if id(results) not in FIGURES:
+        rows = report.size_cells(results)[1]
+        FIGURES[id(results)] = results, ({r["cell"]: r for r in rows.values()},
+                                         {c["name"]: c for c in report.size_contrasts(rows)})
+    return FIGURES[id(results)][1]
+
+
+def cell_regime(results, r):
+    return regime(results[r["variant"]][r["seeds"][0]], results[r["baseline"]][r["seeds"][0]])
+
+
+def plateau_words(r):
+    return (f"; the baseline's {report.seed_list(r['plateau'])} on the early plateau"
+            if r["plateau"] else "")
+
+
+def cell(row, results):
+    """A cell of the size grid: unified minus the baseline at their picked rates, with every seed
+    or ("cell off plateau") without the baseline seeds on the early plateau; None where none is."""
+    r = size_figures(results)[0].get(row.variant)
+    off = row.kind.endswith("plateau")
+    if off and not (r and r["plateau"]):
+        return None
+    out = {"what": f"{row.variant}: unified - baseline, {row.what} (`{row.grid}`)", "n": 0}
+    if r:
+        figs = r["off plateau"] if off else r
+        seeds = [s for s in r["seeds"] if not (off and s in r["plateau"])]
+        diffs = [d for s, d in zip(r["seeds"], r["diffs"]) if s in seeds]
+        out.update(what=f"{r['variant']} - {r['baseline']}, {row.what}, "
+                        f"{report.seed_list(seeds)}"
+                        + (f", without the baseline's plateau ({report.seed_list(r['plateau'])})"
+                           if off else plateau_words(r)) + f" (`{row.grid}`)",
+                   n=len(seeds), p=figs["p"], below=sum(d < 0 for d in diffs),
+                   ci95=figs["ci95"], regime=cell_regime(results, r),
+                   text=f"{report.pm(figs['mean'], figs['std'], '+.4f')} "
+                        f"{report.interval(figs['ci95'])}")
+    return out
+
+
+def contrast(row, results):
+    """One of report.SIZE_CONTRASTS, a cell's gap minus another's, with every seed or without the
+    baseline seeds on the early plateau."""
+    cells, contrasts = size_figures(results)
+    c = contrasts.get(row.variant)
+    off = row.kind.endswith("plateau")
+    out = {"what": f"{row.variant}, {row.what} (`{row.grid}`)", "n": 0}
+    if c is None:
+        return None if off else out
+    if off and c["off plateau"] is None:
+        return None
+    figs, (a, b) = c["off plateau" if off else "all"], (cells[x] for x in c["cells"])
+    seeds = ", ".join(f"{report.seed_list(r['plateau'])} of {r['cell']}"
+                      for r in (a, b) if r["plateau"])
+    out.update(what=f"{row.variant}: the gap at {a['cell']} minus at {b['cell']} ({c['differs']}), "
+                    f"{row.what}" + (f", without the baseline's plateau ({seeds})" if off else "")
+                    + f" (`{row.grid}`)",
+               n=min(figs["n"]), n_text=" + ".join(map(str, figs["n"])), p=figs["p"],
+               ci95=figs["ci95"], text=f"{figs['mean']:+.4f} {report.interval(figs['ci95'])}",
+               regime="; ".join(cell_regime(results, r) for r in (a, b)))
     return out
 
 
@@ -243,6 +314,7 @@ def table(rows, load=load, first=("claim", "paper")):
     """The markdown lines of a table of rows, Holm over its rows of MIN_SEEDS seeds or more;
     first: the names of its first two columns."""
     figs = [compute(r, load) for r in rows]
+    rows, figs = zip(*[(r, f) for r, f in zip(rows, figs) if f is not None])
     family = [f.get("p") if f["n"] >= report.MIN_SEEDS else None for f in figs]
     adjusted = holm(family)
     m, n = sum(p is not None for p in family), report.MIN_SEEDS
@@ -262,22 +334,30 @@ def table(rows, load=load, first=("claim", "paper")):
 
 
 def said(row, f, p_holm):
-    """The verdict, by report.judge on the interval and Holm's p."""
+    """The verdict, by report.judge on the interval and Holm's p; where the row's own p resolves
+    it and Holm's does not, both; a claim not resolved, with the claimed effect its interval
+    excludes (the paper's direction beyond the interval's end)."""
     if not f["n"]:
         return ""
     if row.kind == "factor":
         return f"no test: a factor of tokens, {f['n']} seeds"
     if p_holm is None:
         return "not resolved (n too small)"
-    word = report.judge(f["ci95"], p_holm, row.sign)
-    if word.startswith("not") and not report.judge(f["ci95"], f["p"]).startswith("not"):
-        return "not resolved after Holm"   # the interval and the row's own p alone agree
-    return word if word.startswith("not") else f"{word} in this regime"
+    word, own = (report.judge(f["ci95"], p, row.sign) for p in (p_holm, f["p"]))
+    if not word.startswith("not"):
+        return f"{word} in this regime"
+    if not own.startswith("not"):   # the interval and the row's own p alone agree
+        return f"{own} by its own p, not after Holm"
+    if row.sign:   # the claimed effect its interval leaves possible
+        side, bound = ("below", f["ci95"][0]) if row.sign < 0 else ("above", f["ci95"][1])
+        word += f"; the interval excludes a diff {side} {bound:+.4f}"
+    return word
 
 
 def blocks(load=load):
-    return {"claims": table(CLAIMS, load),
-            "mechanism": table(MECHANISM, load, ("prediction", "predicted"))}
+    """{file: {block: its lines}}."""
+    return {README: {"claims": table(CLAIMS, load)},
+            NOTES: {"mechanism": table(MECHANISM, load, ("prediction", "predicted"))}}
 
 
 def begin(name):
@@ -298,21 +378,25 @@ def spliced(text, made):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description="The claims table of study/README.md, from the "
-                                "committed results.")
+    p = argparse.ArgumentParser(description="The claims table of study/README.md and the "
+                                "mechanism's of study/NOTES.md, from the committed results.")
     p.add_argument("--check", action="store_true",
-                   help="change nothing: exit 1 where the README's tables are stale")
+                   help="change nothing: exit 1 where a table is stale")
     a = p.parse_args(argv)
-    with open(README) as f:
-        old = f.read()
-    new = spliced(old, blocks())
+    stale = []
+    for path, made in blocks().items():
+        with open(path) as f:
+            old = f.read()
+        new = spliced(old, made)
+        if new != old and not a.check:
+            with open(path, "w") as f:
+                f.write(new)
+        stale += [os.path.relpath(path, ROOT)] * (new != old)
     if a.check:
-        print("study/README.md's tables are " + ("up to date" if new == old else "stale: run "
-                                                   "python -m study.claims"))
-        return int(new != old)
-    with open(README, "w") as f:
-        f.write(new)
-    print("wrote the claims and mechanism tables of study/README.md")
+        print(f"stale: {', '.join(stale)}: run python -m study.claims" if stale
+              else "the claims and mechanism tables are up to date")
+        return int(bool(stale))
+    print("wrote the claims table of study/README.md and the mechanism's of study/NOTES.md")
     return 0
 
 

@@ -233,7 +233,7 @@ def power_grid():
 
 # IWD where it can mean something: the vectors decayed at 1.0 (sv_decay), the matrices
 # at the recipe's 0.1, on the Gemma-style config; iwd_blocks spares g_final, the vector IWD
-# changed most at weight decay 1.0 (study/README.md)
+# changed most at weight decay 1.0 (study/NOTES.md)
 def iwd_grid():
     f = ["--sv_decay=1.0"]
     return [Variant("gemma_none_sv1", "config/gemma_none_char.py", f, None, "", 0),
@@ -314,7 +314,7 @@ def decay_grid():
 
 
 # ---- the fifth round: IWD with an untied head, the gain against size, Muon on one code ---------
-# IWD where decay can act (study/README.md, predictions of the fifth round): the head untied, so
+# IWD where decay can act (study/NOTES.md, predictions of the fifth round): the head untied, so
 # g_final folds into it and adds no expressivity, at 2x64 for 3 epochs at lr 2e-3, where the
 # baseline's vectors grow; the matrices decayed at the recipe's 0.1, the vectors at 0.1 and 1.0
 UNTIED_ITERS = round(3 * 1_003_854 / 768)   # 3 epochs of Tiny Shakespeare's training split
@@ -333,24 +333,33 @@ def untied_grid():
     return v
 
 
-# The gain against model size at one budget (the scaling grid's 1x: TPP_1X tokens per parameter),
-# each family at its own rate: every rate of SIZE_TREND_LRS on TUNE_SEEDS, which pick it and are
-# then left out of the pairs (report.size_trend)
-# (5x160's 2e-3 was added once its baseline's pick on the first three was the edge, 1e-3; its runs
-# ran on the code of the others, through --add with the arguments this function gives them)
-SIZE_TREND_LRS = {"2x64": ("1e-3", "2e-3", "4e-3", "8e-3"),
-                  "5x160": ("2.5e-4", "5e-4", "1e-3", "2e-3")}
+# The gain against model size crossed with training length: a cell is a size at a number of steps,
+# each family at its own rate, every rate of the cell run on TUNE_SEEDS, which pick it and are then
+# left out of the pairs (report.size_cells). The two cells at the scaling grid's 1x (TPP_1X tokens
+# per parameter: 2x64 at 133 steps, 5x160 at 1976) keep their names; the other two say their steps
+# (s<steps>), so that at equal steps the two sizes see the same tokens, epochs and warmup. A pick at
+# the end of a cell's rates added the next rate out; every cell ran on one code, the later ones
+# through --add with the arguments this function gives them.
+SIZE_CELLS = {("2x64", 133): ("1e-3", "2e-3", "4e-3", "8e-3"),
+              ("5x160", 1976): ("2.5e-4", "5e-4", "1e-3", "2e-3"),
+              ("2x64", 1976): ("1e-3", "2e-3", "4e-3", "8e-3", "1.6e-2"),
+              ("5x160", 133): ("1e-3", "2e-3", "4e-3", "8e-3")}
+
+
+def size_name(family, size, steps, lr):
+    """A size cell's variant: <family>_<size>[_s<steps>]_lr<lr>."""
+    return f"{family}_{size}{'' if steps == SIZES[size][2] else f'_s{steps}'}_lr{lr}"
 
 
 def size_grid():
     v = []
-    for size, lrs in SIZE_TREND_LRS.items():
-        n_layer, n_embd, iters = SIZES[size]
+    for (size, steps), lrs in SIZE_CELLS.items():
+        n_layer, n_embd, _ = SIZES[size]
         for lr in lrs:
-            own = [f"--max_iters={iters}", f"--n_layer={n_layer}", f"--n_embd={n_embd}",
+            own = [f"--max_iters={steps}", f"--n_layer={n_layer}", f"--n_embd={n_embd}",
                    f"--n_head={n_embd // 32}", f"--learning_rate={lr}",
                    f"--min_lr={float(lr) / 10:g}"]
-            v += [Variant(f"{f}_{size}_lr{lr}", f"config/{f}_char.py", own, None, "", 0)
+            v += [Variant(size_name(f, size, steps, lr), f"config/{f}_char.py", own, None, "", 0)
                   for f in ("baseline", "unified")]
     return v
 

@@ -6,7 +6,6 @@ of each variant. A pair is two runs of one seed and one code (code_id). Pure fun
 results, so they are tested on made-up numbers.
 """
 import functools
-import itertools
 import os
 import re
 
@@ -206,7 +205,9 @@ def write_summary(out, rows, header, more=()):
               "pair's runs have it (val_loss_full), else on the 20 fixed batches. A pair is of "
               "one code: a seed whose two runs record two codes is left out and named (runs that "
               "record none pair only with each other). (code not recorded): a row with runs "
-              "older than the code record.",
+              "older than the code record. Every verdict of this page reads its row's own p; "
+              "study/README.md's claims table reads Holm's p over its rows, and where the two "
+              "differ says both (\"higher by its own p, not after Holm\").",
               *(["", *more] if more else [])]
     from checkpoint import atomic_write   # a record: temporary name, fsync, rename
     text = "\n".join(lines) + "\n"
@@ -694,7 +695,7 @@ def spread(m, key):
 
 TELEMETRY = {"g std": lambda m: m["g"][0], "g max/min": lambda m: m["g"][2] / m["g"][1],
              "update exponent": lambda m: spread(m, "update_exp"),
-             # over the folded model's own step: the folded step's prediction (study/README.md)
+             # over the folded model's own step: the folded step's prediction (study/NOTES.md)
              "AdamW exponent": lambda m: spread(m, "adamw_exp"),
              "SGD exponent": lambda m: spread(m, "sgd_exp"),
              "corr(g, col norm of W')": lambda m: m.get("corr_wg"),
@@ -735,6 +736,43 @@ def telemetry_pair(res, base, stat, at=None):
     return seeds, [a[s] - b[s] for s in seeds]
 
 
+# The spread of the column updates that a frozen g of a run's measured spread would give on its
+# own (prediction 4 against the algebra of the fold, study/NOTES.md): res without vectors, with a
+# frozen g, minus base (what base spreads beyond the fold's algebra); or res minus res with a
+# frozen g (the algebra's share of res - base)
+FROZEN_G, FOLD_SHARE = "update cv beyond a frozen g", "update cv of a frozen g"
+
+
+def frozen_g(cv, g):
+    """The update cv of columns g_j u_j, where u has cv `cv` and g the record's spread ([std, min,
+    max, 10%, 50%, 90%]) and is independent of u: cv(g u)^2 = (1 + cv(u)^2)(1 + cv(g)^2) - 1 in
+    the moments over the columns, cv(g) = std / median (the record keeps no mean; g is near
+    symmetric, 0.023 around 1 at the recipe's rate)."""
+    return float(np.sqrt((1 + cv ** 2) * (1 + (g[0] / g[4]) ** 2) - 1))
+
+
+def frozen_g_pair(res, base, stat=FROZEN_G, at=-1):
+    """(seeds, differences) of the update cv, per map, then the mean over the maps of a seed, seed
+    by seed on one code: res's column updates (a run without vectors) times a frozen g of base's
+    spread, minus base's own (FROZEN_G), or res's own minus that (FOLD_SHARE). Under AdamW a
+    column of W' = W diag(g) moves by g_j times the map's own step for a frozen g: what base
+    spreads beyond that is not the algebra of the fold."""
+    seeds, diffs = [], []
+    for s in sorted(set(res) & set(base)):
+        if not (res[s].get("preconditioning") and base[s].get("preconditioning")
+                and same_code(res[s], base[s])):
+            continue
+        mine, theirs = res[s]["preconditioning"][at][1], base[s]["preconditioning"][at][1]
+        maps = [k for k in theirs if k in mine and theirs[k].get("update_cv") is not None]
+        frozen = [frozen_g(mine[k]["update_cv"], theirs[k]["g"]) for k in maps]
+        xs = ([f - theirs[k]["update_cv"] for f, k in zip(frozen, maps)] if stat == FROZEN_G
+              else [mine[k]["update_cv"] - f for f, k in zip(frozen, maps)])
+        if xs:
+            seeds.append(s)
+            diffs.append(float(np.mean(xs)))
+    return seeds, diffs
+
+
 def telemetry_lines(results):
     rows = {n: telemetry(res) for n, res in results.items()
             if any(r.get("preconditioning") for r in res.values())}
@@ -742,7 +780,7 @@ def telemetry_lines(results):
         return []
     f = lambda x: "—" if x["mean"] is None else f"{x['mean']:.3f}" + (   # noqa: E731
         "" if x["ci95"] is None else " [{:.3f}, {:.3f}]".format(*x["ci95"]))
-    lines = ["", "## The preconditioning, measured (study/README.md's predictions)", "",
+    lines = ["", "## The preconditioning, measured (study/NOTES.md's predictions)", "",
              "At the last evaluation, over the step after it: the mean over the maps a vector "
              "feeds (q|k|v, gate|up, the head), then over the seeds, with the 95% interval over "
              "the seeds. Update exponent: p of ||dW'_j|| ~ g_j^p; AdamW exponent: the same of "
@@ -929,17 +967,28 @@ def welch(a, b):
 def permutation_p(a, b):
     """The exact two-sided p of a permutation test of mean(a) = mean(b), two independent samples:
     over every split of the pooled values into groups of their sizes, the share whose |difference
-    of means| is at least the observed one (26 values at most: 10M splits, in chunks)."""
+    of means| is at least the observed one (26 values at most: 10M splits). A split's group of
+    len(a) is some values of the pooled first half and the rest of the second, so every sum is
+    one of a half's subset sums plus one of the other's: no loop over the splits themselves."""
     x = np.concatenate([np.asarray(a, float), np.asarray(b, float)])
     if len(x) > 26:
         return None
-    observed, hits, total = abs(np.mean(a) - np.mean(b)) - 1e-12, 0, 0
-    splits = itertools.combinations(range(len(x)), len(a))
-    for chunk in iter(lambda: list(itertools.islice(splits, 1 << 18)), []):
-        sums = x[np.array(chunk, dtype=np.int8)].sum(1)
-        hits += int(np.sum(np.abs(sums / len(a) - (x.sum() - sums) / len(b)) >= observed))
-        total += len(chunk)
+    k, observed = len(a), abs(np.mean(a) - np.mean(b)) - 1e-12
+    first, second = subset_sums(x[:len(x) // 2]), subset_sums(x[len(x) // 2:])
+    hits = total = 0
+    for c, sums in enumerate(first):
+        if 0 <= k - c < len(second):
+            both = sums[:, None] + second[k - c][None, :]
+            hits += int(np.sum(np.abs(both / k - (x.sum() - both) / (len(x) - k)) >= observed))
+            total += both.size
     return hits / total
+
+
+def subset_sums(v):
+    """[the sums of every subset of v of c values, for c = 0 .. len(v)]."""
+    bits = (np.arange(2 ** len(v))[:, None] >> np.arange(len(v))) & 1
+    sums, counts = bits @ v, bits.sum(1)
+    return [sums[counts == c] for c in range(len(v) + 1)]
 
 
 # the size grid's: TUNE_SEEDS pick each family's rate, the 12 after them pair (8 were predicted;
@@ -947,67 +996,132 @@ def permutation_p(a, b):
 SIZE_SEEDS = 14
 
 
-def size_trend(results):
-    """The size grid: at each size, each family at its rate of SIZE_TREND_LRS picked by the mean
+# A baseline seed on the early plateau of the size grid's smallest, shortest cell: its final
+# whole-split val loss above the val split's character-bigram cross-entropy (2.48, a bigram table
+# fit on the training split) plus 0.2. Each contrast is given with and without such seeds.
+PLATEAU = 2.68
+# The size grid's contrasts, one cell's gap minus another's: (name, cell, the cell it is minus,
+# what else differs between them). At equal steps two sizes see the same tokens, epochs and
+# warmup; at equal tokens per parameter (the scaling grid's 1x) the larger one trains 15x the
+# steps. The paper: the gain holds or grows with size (a size contrast at or below 0).
+AT_EQUAL_STEPS = "the same tokens, epochs and warmup; parameters, rates and loss level differ"
+AT_EQUAL_SIZE = "steps, epochs, warmup, rates and loss level differ"
+SIZE_CONTRASTS = [("size at 133 steps", ("5x160", 133), ("2x64", 133), AT_EQUAL_STEPS),
+                  ("size at 1976 steps", ("5x160", 1976), ("2x64", 1976), AT_EQUAL_STEPS),
+                  ("size at 0.96 tokens per parameter", ("5x160", 1976), ("2x64", 133),
+                   "parameters, steps, epochs, warmup, rates and loss level differ"),
+                  ("length at 2x64", ("2x64", 1976), ("2x64", 133), AT_EQUAL_SIZE),
+                  ("length at 5x160", ("5x160", 1976), ("5x160", 133), AT_EQUAL_SIZE)]
+
+
+def cell_label(cell):
+    return f"{cell[0]} at {cell[1]} steps"
+
+
+def size_cells(results):
+    """The size grid's cells (grids.SIZE_CELLS): in each, each family's rate picked by the mean
     loss over TUNE_SEEDS, then unified minus the baseline at their picked rates, paired by seed on
-    the other seeds; and the trend, that gap at the largest size minus the gap at the smallest
-    (Welch and a permutation p: two sizes' seeds are independent runs). (picks {size: {family:
-    pick_rate's}}, rows, the trend or None)."""
-    from study.grids import SIZE_TREND_LRS, TUNE_SEEDS
+    the other seeds, with the seeds whose baseline is on the early plateau (PLATEAU) and the
+    pair without them. (picks {cell: {family: pick_rate's}}, rows {cell: row})."""
+    from study.grids import SIZE_CELLS, TUNE_SEEDS, size_name
     picks, rows = {}, {}
-    for size, lrs in SIZE_TREND_LRS.items():
-        name = lambda f, lr: f"{f}_{size}_lr{lr}"   # noqa: E731
+    for cell, lrs in SIZE_CELLS.items():
         for f in ("baseline", "unified"):
-            pick = pick_rate(results, functools.partial(name, f), lrs, TUNE_SEEDS)
+            pick = pick_rate(results, functools.partial(size_name, f, *cell), lrs, TUNE_SEEDS)
             if pick:
-                picks.setdefault(size, {})[f] = pick
-        if len(picks.get(size, {})) < 2:
+                picks.setdefault(cell, {})[f] = pick
+        if len(picks.get(cell, {})) < 2:
             continue
-        a, b = (name(f, picks[size][f]["best"]) for f in ("unified", "baseline"))
-        seeds, diffs = paired_diffs(left_out(results.get(a, {}), TUNE_SEEDS),
-                                    left_out(results.get(b, {}), TUNE_SEEDS))
+        a, b = (size_name(f, *cell, picks[cell][f]["best"]) for f in ("unified", "baseline"))
+        res, base = (left_out(results.get(n, {}), TUNE_SEEDS) for n in (a, b))
+        seeds, diffs = paired_diffs(res, base)
         if seeds:
-            rows[size] = {"size": size, "variant": a, "baseline": b, "seeds": seeds,
-                          "diffs": diffs, **part(diffs, -1)}
-    small, large = (rows.get(s) for s in (list(SIZE_TREND_LRS)[0], list(SIZE_TREND_LRS)[-1]))
-    trend = None
-    if small and large and min(len(small["diffs"]), len(large["diffs"])) > 1:
-        mean, ci = welch(large["diffs"], small["diffs"])
-        p = permutation_p(large["diffs"], small["diffs"])
-        enough = min(len(small["diffs"]), len(large["diffs"])) >= MIN_SEEDS
-        trend = {"large": large["size"], "small": small["size"], "mean": mean, "ci95": ci,
-                 "p": p, "verdict": judge(ci, p) if enough
-                 else "not resolved (n too small for p < 0.05)"}
-    return picks, list(rows.values()), trend
+            plateau = [s for s in seeds if loss_of(base[s]) > PLATEAU]
+            rows[cell] = {"cell": cell_label(cell), "variant": a, "baseline": b, "seeds": seeds,
+                          "diffs": diffs, **part(diffs, -1), "plateau": plateau,
+                          "off plateau": part([d for s, d in zip(seeds, diffs)
+                                               if s not in plateau], -1) if plateau else None}
+    return picks, rows
+
+
+def gap_contrast(a, b, plateau=True):
+    """Cell a's gap minus cell b's (rows of size_cells): Welch's interval and a permutation p, as
+    two cells' runs are of other sizes or lengths; plateau=False: without the seeds on the early
+    plateau. None under 2 seeds a cell."""
+    da, db = ([d for s, d in zip(r["seeds"], r["diffs"]) if plateau or s not in r["plateau"]]
+              for r in (a, b))
+    if min(len(da), len(db)) < 2:
+        return None
+    mean, ci = welch(da, db)
+    p = permutation_p(da, db)
+    enough = min(len(da), len(db)) >= MIN_SEEDS
+    return {"n": [len(da), len(db)], "mean": mean, "ci95": ci, "p": p,
+            "verdict": judge(ci, p) if enough else "not resolved (n too small for p < 0.05)"}
+
+
+def size_contrasts(rows):
+    """[{"name", "cells": [a, b], "all": gap_contrast, "off plateau": the same without the
+    plateau's seeds (None where neither cell has one)}] of SIZE_CONTRASTS whose cells ran."""
+    out = []
+    for name, a, b, differs in SIZE_CONTRASTS:
+        if a in rows and b in rows and gap_contrast(rows[a], rows[b]):
+            some = rows[a]["plateau"] or rows[b]["plateau"]
+            out.append({"name": name, "cells": [cell_label(a), cell_label(b)], "differs": differs,
+                        "all": gap_contrast(rows[a], rows[b]),
+                        "off plateau": gap_contrast(rows[a], rows[b], False) if some else None})
+    return out
+
+
+def contrast_cell(c):
+    if c is None:
+        return "|  |  |"
+    n = " + ".join(map(str, c["n"]))
+    return f"{c['mean']:+.4f} {interval(c['ci95'])} ({n}) | {p_value(c['p'])} | {c['verdict']} |"
 
 
 def size_report(results):
-    from study.grids import SIZE_TREND_LRS, TUNE_SEEDS
-    picks, rows, trend = size_trend(results)
-    lrs = sorted({lr for x in SIZE_TREND_LRS.values() for lr in x}, key=float)
-    lines = ["## The gain against model size, each family at its own rate", "",
-             f"Mean validation loss over seeds {', '.join(map(str, TUNE_SEEDS))}, which pick "
-             "each family's rate at each size (**bold**; (edge): at the end of the rates run, the "
-             "optimum may lie further out) and are then left out of the pairs.", "",
-             "| size | family | " + " | ".join(lrs) + " |", "|---" * (len(lrs) + 2) + "|"]
-    lines += [f"| {size} | {f} | " + " | ".join(pick_cells(p, lrs)) + " |"
-              for size, by in picks.items() for f, p in by.items()]
-    picked = [f"{f}_{size}_lr{p['best']}" for size, by in picks.items() for f, p in by.items()]
+    from study.grids import SIZE_CELLS, TUNE_SEEDS, size_name
+    picks, rows = size_cells(results)
+    contrasts = size_contrasts(rows)
+    lrs = sorted({lr for x in SIZE_CELLS.values() for lr in x}, key=float)
+    lines = ["## The gain against model size and training length, each family at its own rate",
+             "", f"Mean validation loss over seeds {', '.join(map(str, TUNE_SEEDS))}, which pick "
+             "each family's rate in each cell, a size at a number of steps (**bold**; (edge): at "
+             "the end of the rates run, the optimum may lie further out), and are then left out "
+             "of the pairs.", "",
+             "| cell | family | " + " | ".join(lrs) + " |", "|---" * (len(lrs) + 2) + "|"]
+    lines += [f"| {cell_label(cell)} | {f} | " + " | ".join(pick_cells(p, lrs)) + " |"
+              for cell, by in picks.items() for f, p in by.items()]
+    picked = [size_name(f, *cell, p["best"]) for cell, by in picks.items() for f, p in by.items()]
     if picked:
         lines += ["", "The picked rows' other seeds: `python -m study.reproduce --grid=size "
                   f"--seeds={SIZE_SEEDS} --variants={','.join(picked)}`"]
-    lines += ["", "Unified minus the baseline at their picked rates, paired by seed:", "",
-              "| size | variant | vs | n | diff (mean ± std) | 95% CI | p | verdict |",
-              "|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['size']} | {r['variant']} | {r['baseline']} | {len(r['seeds'])} "
+    lines += ["", "Unified minus the baseline at their picked rates, paired by seed; plateau: the "
+              f"seeds whose baseline ends above {PLATEAU} (the val split's character-bigram loss, "
+              "2.48, plus 0.2):", "",
+              "| cell | variant | vs | n | diff (mean ± std) | 95% CI | p | verdict | plateau "
+              "| without the plateau's |", "|---|---|---|---|---|---|---|---|---|---|"]
+    off = lambda o: "" if o is None else (   # noqa: E731
+        f"{pm(o['mean'], o['std'], '+.4f')} {interval(o['ci95'])}, p = {p_value(o['p'])}, "
+        f"{o['verdict']}")
+    lines += [f"| {r['cell']} | {r['variant']} | {r['baseline']} | {len(r['seeds'])} "
               f"| {pm(r['mean'], r['std'], '+.4f')} | {interval(r['ci95'])} "
-              f"| {p_value(r['p'])} | {r['verdict']} |" for r in rows]
-    if trend:
-        lines += ["", f"The trend, the gap at {trend['large']} minus the gap at {trend['small']} "
-                  f"(above 0: a smaller gain at {trend['large']}): {trend['mean']:+.4f} "
-                  f"{interval(trend['ci95'])} (95% Welch interval), permutation p = "
-                  f"{p_value(trend['p'])}: {trend['verdict']}."]
-    return lines, {"picks": picks, "pairs": rows, "trend": trend}
+              f"| {p_value(r['p'])} | {r['verdict']} "
+              f"| {seed_list(r['plateau']) if r['plateau'] else 'none'} | {off(r['off plateau'])} |"
+              for r in rows.values()]
+    if contrasts:
+        lines += ["", "The contrasts, one cell's gap minus another's (above 0: a smaller gain in "
+                  "the first): the difference of means, its 95% Welch interval (n + n), the "
+                  "exact permutation p and the verdict, with every seed and without the plateau's "
+                  "(blank: no seed of either cell on it).", "",
+                  "| contrast | cells | all seeds | p | verdict | without the plateau's | p "
+                  "| verdict |", "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {c['name']} | {c['cells'][0]} minus {c['cells'][1]} ({c['differs']}) | "
+                  f"{contrast_cell(c['all'])} {contrast_cell(c['off plateau'])}"
+                  for c in contrasts]
+    return lines, {"picks": [{"cell": cell_label(c), "family": f, **p}
+                             for c, by in picks.items() for f, p in by.items()],
+                   "pairs": list(rows.values()), "contrasts": contrasts}
 
 
 MUON_PICKED_ON = (1,)   # the lr grid's seed that picked the muon grid's rates

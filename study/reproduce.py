@@ -618,7 +618,8 @@ def name_says(name):
     """What a row's name says of its config (train.py's keys; "moe_" is n_experts > 0, checked by
     check_named), or None if it is not a variant of config/variants.py followed by words
     of these: a rate (lr<r>; muon_lr after muon), a decay (wd<d>; sv<d>: the vectors'), a size of
-    SIZES, MODIFIERS; a budget (x<b>), tokens per parameter (t<n>) and 350m say nothing."""
+    SIZES, steps (s<n>: max_iters), MODIFIERS; a budget (x<b>), tokens per parameter (t<n>) and
+    350m say nothing."""
     from config.variants import named_flags, variant_of
     head = variant_of(name)
     want = named_flags(head) if head else None
@@ -629,6 +630,8 @@ def name_says(name):
             want |= MODIFIERS.get(w) or dict(zip(("n_layer", "n_embd"), SIZES[w][:2]))
         elif key and re.fullmatch(r"[\d.e-]+", w[2:]):
             want[key] = float(w[2:])
+        elif re.fullmatch(r"s\d+", w):
+            want["max_iters"] = int(w[1:])
         elif not re.fullmatch(r"x[\d.]+|t\d+|350m", w):
             return None
     return want
@@ -813,9 +816,10 @@ def run_all(a, g, todo, runner, progress):
                 progress(futs[fut], err=e)
 
 
-def write_reports(a, g, full, progress, t_start):
+def write_reports(a, g, full):
     """summary.md, summary.json and the figures, from every result of the grid in the folder (the
-    whole grid, not only this invocation's runs)."""
+    whole grid, not only this invocation's runs): made of those results alone, so that the same
+    results give the same summary whenever it is made."""
     results = collect(g.out, full, g.args_for)
     rows = summarize(full, results)
     command = shlex.join(["python", "-m", "study.reproduce", *a.argv])
@@ -830,10 +834,8 @@ def write_reports(a, g, full, progress, t_start):
                     f"--max_iters: {own[0]} to {own[-1]} in this grid>")
     wall = sum(r["wall_s"] for res in results.values() for r in res.values())
     header = [f"# Reproduction: grid `{a.grid}`", "", f"Last command: `{command}`", "",
-              f"Runs: {n_done} complete in {g.out} with these settings (all seeds found), "
-              f"{len(progress.failed)} failed in the last invocation. Wall time of the last "
-              f"invocation: {(time.time() - t_start) / 60:.1f} min; summed over all runs: "
-              f"{wall / 60:.1f} min.",
+              f"Runs: {n_done} complete in {g.out} with these settings (all seeds found); "
+              f"their wall time, summed: {wall / 60:.1f} min.",
               f"Each run: `{launch} <config> {schedule} <variant's overrides> "
               f"{shlex.join(g.extra)} --seed=S --out_dir=...`", "", *code_lines(results)]
     os.makedirs(g.out, exist_ok=True)
@@ -872,7 +874,7 @@ def main(argv=None, grids=GRIDS):
     if not g.node:
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // a.jobs)))
     keep = a.keep_checkpoints or g.node   # a node run's model is worth keeping
-    t_start, progress = time.time(), Progress(todo, keep)
+    progress = Progress(todo, keep)
     lock = lock_results(g.out)
     try:
         with Children().forwarding() as children:
@@ -882,7 +884,7 @@ def main(argv=None, grids=GRIDS):
             print(f"interrupted: {len(progress.stopped)} runs stopped; run the same command again "
                   "to resume them")
             return 128 + children.stop
-        write_reports(a, g, full, progress, t_start)
+        write_reports(a, g, full)
     finally:
         lock.close()
     failed, stopped = len(progress.failed), len(progress.stopped)

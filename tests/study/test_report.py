@@ -1,7 +1,9 @@
 """study/report.py and claims.py on made-up numbers; the README's claims tables regenerate."""
+import itertools
 import statistics
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from study import claims, grids, plots, report
@@ -31,6 +33,12 @@ def test_the_statistics_on_cases_worked_by_hand():
     assert report.permutation_p([1, 2, 3], [11, 12, 13]) == pytest.approx(2 / 20)
     assert report.permutation_p([1, 2], [2, 1]) == 1.0
     assert report.permutation_p([0], [1, 2, 3]) == 0.5   # |0 - 2| and |3 - 1| of 4 splits
+    # every split, of sums from the pooled halves' subsets: the same as one by one, 5 + 4 values
+    x = [0.3, -1.2, 0.8, 2.5, 0.1, 1.9, -0.4, 3.1, 0.7]
+    far = [abs(sum(x[i] for i in c) / 5 - (sum(x) - sum(x[i] for i in c)) / 4)
+           >= abs(sum(x[:5]) / 5 - sum(x[5:]) / 4) - 1e-12
+           for c in itertools.combinations(range(9), 5)]
+    assert report.permutation_p(x[:5], x[5:]) == sum(far) / len(far) and 0 < sum(far) < 126
     # Holm: the k-th smallest p times m - k + 1, kept monotone
     assert claims.holm([0.01, 0.04, None, 0.03]) == pytest.approx([0.03, 0.06, None, 0.06])
     assert claims.holm([0.5, 0.9]) == [1.0, 1.0] and claims.holm([None]) == [None]
@@ -81,34 +89,58 @@ def test_a_pair_is_of_one_seed_and_one_code_and_a_claim_needs_the_interval_and_p
 
 
 def test_the_size_and_muon_reports_leave_out_the_seeds_that_picked_the_rates():
-    """The picking seeds favour the picked rates: a pair on them would too."""
-    best = {("baseline", "2x64"): "2e-3", ("unified", "2x64"): "8e-3",
-            ("baseline", "5x160"): "5e-4", ("unified", "5x160"): "2.5e-4"}
-    gap = {"2x64": lambda s: -0.2 + 0.01 * (s % 3), "5x160": lambda s: -0.02 - 0.003 * (s % 2)}
+    """The picking seeds favour the picked rates: a pair on them would too. Each contrast of two
+    cells is given with and without the baseline seeds on the early plateau."""
+    cells = [("2x64", 133), ("5x160", 1976), ("2x64", 1976), ("5x160", 133)]
+    assert list(grids.SIZE_CELLS) == cells
+    best = {("baseline", cells[0]): "2e-3", ("unified", cells[0]): "8e-3",
+            ("baseline", cells[1]): "5e-4", ("unified", cells[1]): "2.5e-4",
+            ("baseline", cells[2]): "1e-3", ("unified", cells[2]): "4e-3",
+            ("baseline", cells[3]): "4e-3", ("unified", cells[3]): "2e-3"}
+    gap = {cells[0]: lambda s: -0.2 + 0.01 * (s % 3), cells[1]: lambda s: -0.02 - 0.003 * (s % 2),
+           cells[2]: lambda s: -0.05 + 0.002 * (s % 3), cells[3]: lambda s: -0.1 - 0.01 * (s % 2)}
+    # the baseline of 2x64 at 133 steps ends on the plateau (above 2.68) at seeds 4 and 9
+    plateau = lambda f, cell, s: 0.8 * (f == "baseline" and cell == cells[0] and s in (4, 9))
     results = {}
-    for (f, size), pick in best.items():
-        for lr in grids.SIZE_TREND_LRS[size]:   # the picking seeds say `pick`, the later the gap
-            results[f"{f}_{size}_lr{lr}"] = {s: fake(
+    for (f, cell), pick in best.items():
+        for lr in grids.SIZE_CELLS[cell]:   # the picking seeds say `pick`, the later the gap
+            results[grids.size_name(f, *cell, lr)] = {s: fake(
                 2.0 + 0.001 * s + (0.05 * (lr != pick) if s in grids.TUNE_SEEDS
-                                   else gap[size](s) * (f == "unified")), s, val_loss_full=None)
+                                   else gap[cell](s) * (f == "unified") + plateau(f, cell, s)), s)
                 for s in range(1, 11)}
-    picks, rows, trend = report.size_trend(results)
-    assert {(f, size): p["best"] for size, by in picks.items() for f, p in by.items()} == best
-    assert [p["edge"] for p in picks["2x64"].values()] == [False, True]   # 8e-3: the last rate
+    assert "baseline_2x64_lr2e-3" in results and "unified_5x160_s133_lr2e-3" in results
+    picks, rows = report.size_cells(results)
+    assert {(f, c): p["best"] for c, by in picks.items() for f, p in by.items()} == best
+    assert [p["edge"] for p in picks[cells[0]].values()] == [False, True]   # 8e-3: the last rate
     later = list(range(3, 11))
-    d2, d5 = ([gap[size](s) for s in later] for size in ("2x64", "5x160"))
-    assert [r["seeds"] for r in rows] == [later, later]
-    assert [r["mean"] for r in rows] == pytest.approx([statistics.mean(d2), statistics.mean(d5)])
-    # the trend: the gap at 5x160 minus at 2x64 (Welch: two sizes' seeds are independent)
-    assert trend["mean"] == pytest.approx(statistics.mean(d5) - statistics.mean(d2))
-    assert trend["p"] == pytest.approx(2 / 12870) and trend["verdict"] == "higher"
+    d = {c: [gap[c](s) - plateau("baseline", c, s) for s in later] for c in cells}
+    assert [r["seeds"] for r in rows.values()] == [later] * 4
+    assert [r["mean"] for r in rows.values()] == pytest.approx([statistics.mean(d[c])
+                                                                for c in cells])
+    assert [r["plateau"] for r in rows.values()] == [[4, 9], [], [], []]   # loss above 2.68
+    contrasts = {c["name"]: c for c in report.size_contrasts(rows)}
+    assert list(contrasts) == [name for name, *_ in report.SIZE_CONTRASTS]
+    # a cell's gap minus another's (Welch: two cells' runs are of other sizes or lengths)
+    for name, a, b, _ in report.SIZE_CONTRASTS:
+        c = contrasts[name]
+        assert c["all"]["mean"] == pytest.approx(statistics.mean(d[a]) - statistics.mean(d[b]))
+        off = [x for x in (a, b) if x == cells[0]]   # no plateau seed, no second figure
+        assert (c["off plateau"] is None) == (not off), name
+    off = contrasts["size at 133 steps"]["off plateau"]   # without seeds 4 and 9 of 2x64 at 133
+    kept = [gap[cells[0]](s) for s in later if s not in (4, 9)]
+    assert rows[cells[0]]["off plateau"]["mean"] == pytest.approx(statistics.mean(kept))
+    assert [r["off plateau"] for r in rows.values()][1:] == [None] * 3
+    assert off["n"] == [8, 6] and off["mean"] == pytest.approx(
+        statistics.mean(d[cells[3]]) - statistics.mean(kept))
+    diagonal = contrasts["size at 0.96 tokens per parameter"]["all"]
+    assert diagonal["p"] == pytest.approx(2 / 12870) and diagonal["verdict"] == "higher"
     lines = "\n".join(report.size_report(results)[0])
-    picked = ",".join(f"{f}_{size}_lr{p}" for (f, size), p in best.items())
+    picked = ",".join(grids.size_name(f, *c, p) for (f, c), p in best.items())
     assert f"--seeds={report.SIZE_SEEDS} --variants={picked}`" in lines
-    assert "**" in lines and "(edge)" in lines and "permutation p = " in lines
+    assert "**" in lines and "(edge)" in lines and "| seeds 4, 9 |" in lines
     # before the pairs' seeds ran, and before anything ran
     first = {n: {s: res[s] for s in grids.TUNE_SEEDS} for n, res in results.items()}
-    assert report.size_trend(first)[1:] == ([], None) and report.size_report({})[1]["pairs"] == []
+    assert report.size_cells(first)[1] == {} and report.size_report({})[1]["pairs"] == []
     b, u = (v.name for v in grids.muon_grid())   # seed 1 picked their rates in the lr grid
     results = {b: {s: fake(2.0, s) for s in range(1, 10)},
                u: {s: fake(1.95 - 0.001 * s + 0.5 * (s == 1), s) for s in range(1, 10)}}
@@ -176,6 +208,31 @@ def test_the_telemetry_is_read_by_iteration_not_by_place():
     assert drawn[cv] == ([1, 6, 11], pytest.approx([0.1, 0.45, 0.4])), drawn[cv]
 
 
+def test_prediction_4_is_read_against_a_frozen_g_of_the_measured_spread():
+    """A frozen g multiplies each folded column's update by g_j: its spread alone spreads them."""
+    # every pair (j, k) of g_j and u_k: g independent of u, so the moments factorize exactly
+    u, g = np.array([0.8, 1.0, 1.3, 0.9]), np.array([0.96, 1.0, 1.04])   # g's median: its mean
+    cv = lambda x: x.std() / x.mean()   # noqa: E731
+    assert report.frozen_g(cv(u), [g.std(), 0.96, 1.04, 0.96, 1.0, 1.04]) == pytest.approx(
+        cv(np.outer(g, u)), rel=1e-12)
+
+    def run(seed, cvs, g_std=0.0, code="a"):   # a preconditioning record at the last evaluation
+        maps = {m: {"g": [g_std, 0.9, 1.1, 0.95, 1.0, 1.05], "update_cv": c}
+                for m, c in zip(("head", "blocks.0.attn.qkv"), cvs)}
+        return fake(2.0, seed, code=code, preconditioning=[[0, {}], [10, maps]])
+    frozen = [report.frozen_g(c, [0.05, 0, 0, 0, 1.0]) for c in (0.1, 0.2)]
+    noscale = {s: run(s, (0.1, 0.2)) for s in (1, 2, 3)}
+    # seed 1 spreads exactly as the fold's algebra says, seed 2 more, seed 3: another code
+    base = {1: run(1, frozen, 0.05), 2: run(2, [f + 0.01 for f in frozen], 0.05),
+            3: run(3, frozen, 0.05, code="b")}
+    seeds, beyond = report.frozen_g_pair(noscale, base)
+    assert seeds == [1, 2] and beyond == pytest.approx([0.0, -0.01], abs=1e-12)
+    _, share = report.frozen_g_pair(noscale, base, report.FOLD_SHARE)
+    assert share == pytest.approx([statistics.mean((0.1 - frozen[0], 0.2 - frozen[1]))] * 2)
+    observed = report.telemetry_pair(noscale, base, "update cv")[1]   # the two parts add up
+    assert [a + b for a, b in zip(share, beyond)] == pytest.approx(observed, abs=1e-12)
+
+
 def test_the_decay_reports_give_g_per_kind_its_spread_and_what_decay_alone_makes_of_it():
     """A mean g near decay alone's may be of vectors at 1 and at 0: its std over them says."""
     def run(loss, seed, g_in, *more):   # a constant rate, no warmup: decay alone (1 - lr wd)^100
@@ -226,12 +283,18 @@ def test_a_claims_table_reads_holms_p_states_each_rows_regime_and_the_readmes_re
     lines = claims.table(rows, load=data.get)
     assert "over the 4 rows with 6 seeds" in lines[0]   # the family: the rows of 6 seeds or more
     a, b, c, d, f, e = (line.split(" | ") for line in lines[-6:])
-    assert a[3] == "4x128, 0.96 tok/param, 0.77 epochs, head tied, lr 1e-3"   # the recipe
+    assert a[3] == "4x128, 1000 steps, 0.96 tok/param, 0.77 epochs, head tied, lr 1e-3"
     assert (a[8], a[9]) == (report.p_value(4 * 2 / 1024), "holds in this regime |")
-    assert b[9] == "not resolved |" and c[9] == "not resolved (n too small) |"
+    # a claim not resolved: the effect of its sign the interval leaves out
+    low = report.ci95([r[s]["val_loss"] - data["g"]["base"][s]["val_loss"]
+                       for r in [data["g"]["b"]] for s in ten])[0]
+    assert b[9] == f"not resolved; the interval excludes a diff below {low:+.4f} |", b[9]
+    assert c[9] == "not resolved (n too small) |"
     assert d[3].endswith("head untied, lr 2e-3 / 1e-3") and d[9] == "opposite in this regime |"
-    assert (f[7], f[9]) == (report.p_value(2 / 64), "not resolved after Holm |")
+    # its own p resolves it, Holm's does not: both said, as the grid's summary reads its own p
+    assert (f[7], f[9]) == (report.p_value(2 / 64), "holds by its own p, not after Holm |")
     assert e[5] == "not run yet"
-    with open(claims.README) as readme:   # a stale table fails
-        text = readme.read()
-    assert claims.spliced(text, claims.blocks()) == text, "run python -m study.claims"
+    for path, made in claims.blocks().items():   # a stale table fails
+        with open(path) as doc:
+            text = doc.read()
+        assert claims.spliced(text, made) == text, f"{path}: run python -m study.claims"

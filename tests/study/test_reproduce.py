@@ -1,5 +1,6 @@
 """study/reproduce.py and grids.py, train.py stood in for (Children.run) but in one slow test;
 study/walkthrough.py as a script on a small model of data/tiny: the paper's argument, run."""
+import itertools
 import json
 import os
 import re
@@ -219,6 +220,8 @@ def test_rows_run_what_their_names_say_the_readme_plans_and_the_summaries_regene
             ("--add=unified_novec:config/unified_char.py", "its name says otherwise of what "
              "config/unified_char.py runs: sv_placement='dnp', not 'dnp_novec'"),
             ("--add=baseline_lr2e-3:config/baseline_char.py", "learning_rate=0.001, not 0.002"),
+            ("--add=baseline_s133:config/baseline_char.py:--max_iters=1976",   # s<n>: its steps
+             "max_iters=1976, not 133"),
             ("--add=baseline_x2:config/moe_baseline_char.py", "runs: n_experts=4 (study/repro")]:
         assert words in refused("--grid=regime", "--dry_run", arg), arg
     dry(capsys, "--grid=lr", "--seeds=1", "--add=unified_novec:config/unified_char.py:"
@@ -235,6 +238,8 @@ def test_rows_run_what_their_names_say_the_readme_plans_and_the_summaries_regene
     monkeypatch.setattr(reproduce.Runner, "__call__", lambda *a: pytest.fail("must not run"))
     monkeypatch.setattr(reproduce, "plot_grid", lambda *a, **k: None)   # plots: the slow test
     monkeypatch.setattr(reproduce, "plot_report", lambda *a, **k: None)
+    # a summary is of its results alone: a slow invocation (10 min a clock reading) changes none
+    monkeypatch.setattr(reproduce.time, "time", itertools.count(0, 600).__next__)
     msg = refused("--max_iters=500", "--dry_run")   # other settings than its runs'
     assert ("66 of these runs with other settings" in msg and "has --max_iters=1000" in msg
             and "--max_iters=500" in msg and "--replace" in msg and "--results_dir" in msg), msg
