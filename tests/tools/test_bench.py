@@ -19,13 +19,9 @@ TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_
         "--dataset=none"]
 
 
-def fake_clock(monkeypatch):   # perf_counter: the warmup (0.5 s), then 30, 10, 20 ms
-    ticks = iter([0, 0.5, 1, 1.03, 2, 2.01, 3, 3.02])
-    monkeypatch.setattr(bench_py, "time", types.SimpleNamespace(perf_counter=ticks.__next__))
-
-
 def test_the_figures_follow_from_the_measured_times(monkeypatch, capsys):
-    fake_clock(monkeypatch)
+    ticks = [0, 0.5, 1, 1.03, 2, 2.01, 3, 3.02]   # perf_counter: the warmup, steps of 30, 10, 20 ms
+    monkeypatch.setattr(bench_py, "time", types.SimpleNamespace(perf_counter=iter(ticks).__next__))
     bench_py.main([*TINY, "--json=True", "--mfu_peak_flops=1e9"])
     r, model = json.loads(capsys.readouterr().out), bench_py.build(bench_py.check(TINY))[0]
     # approx: the readings' float rounding only; 20 ms is the median step
@@ -33,14 +29,15 @@ def test_the_figures_follow_from_the_measured_times(monkeypatch, capsys):
     assert r["tokens_per_s"] == pytest.approx(2 * 16 / 0.020)   # B x T tokens a step
     assert r["mfu"] == pytest.approx(model.flops_per_token() * 2 * 16 / 0.020 / 1e9)
     assert r["params_m"] == sum(p.numel() for p in model.parameters()) / 1e6
-    fake_clock(monkeypatch)
+    monkeypatch.setattr(bench_py, "time", types.SimpleNamespace(perf_counter=iter(ticks).__next__))
     bench_py.main(TINY)   # a CPU has no known peak: no MFU without --mfu_peak_flops
     assert ("ms/step (median of 3), 1,600 tokens/s, MFU — (no known peak: --mfu_peak_flops), "
             "peak memory ") in capsys.readouterr().out
 
 
 def test_a_sample_is_sample_pys_generation_of_n_tokens(monkeypatch, capsys):
-    fake_clock(monkeypatch)
+    ticks = [0, 0.5, 1, 1.03, 2, 2.01, 3, 3.02]   # the warmup, samples of 30, 10, 20 ms
+    monkeypatch.setattr(bench_py, "time", types.SimpleNamespace(perf_counter=iter(ticks).__next__))
     bench_py.main([*TINY, "--sample=5", "--json=True", "--mfu_peak_flops=1e9"])
     r = json.loads(capsys.readouterr().out)
     assert r["ms"] == pytest.approx(20.0) and r["tokens_per_s"] == pytest.approx(5 / 0.020)
