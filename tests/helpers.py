@@ -61,11 +61,9 @@ def flag_values(flag):
 
 
 def models(reparam, placement):
-    """(label, flags) of the tiny models of an entry of REPARAMS x PLACEMENTS that GPTConfig takes:
-    the entry alone (head tied, untied); with each value of every other VECTOR_FLAGS flag alone (so
-    each is built where it folds and exports too; on an MoE where only an MoE takes it); with all
-    on, head tied and untied (a vector that folds into the embedding shares it with a tied head);
-    as an MoE, alone, all on, and all on, head untied, beside each value that only an MoE takes."""
+    """(label, flags) of the tiny models of a REPARAMS x PLACEMENTS entry: alone and with every
+    other VECTOR_FLAGS flag on, head tied and untied; with each other flag's value alone (on an MoE
+    where only an MoE takes it); as an MoE alone, all on, and untied beside each MoE-only value."""
     others = [f for f in model_py.VECTOR_FLAGS if f not in ("sv_reparam", "sv_placement")]
     entry, moe = dict(sv_reparam=reparam, sv_placement=placement), dict(MOE, moe_dense_layers=1)
 

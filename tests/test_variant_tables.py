@@ -1,7 +1,6 @@
-"""What holds for every variant and scale vector, walked from model.py's tables (PLACEMENTS,
-REPARAMS, DECAY_POLICIES) and VECTOR_FLAGS: each check builds its models from them and checks every
-ScaleVector in each model's module tree by what it declares (folds_into), never by its name, so a
-new entry, flag or location gets every test with no test edit; a failure names entry and vector."""
+"""What holds for every variant, walked from model.py's tables and VECTOR_FLAGS: every ScaleVector
+is checked by what it declares (folds_into), never by its name, so a new entry, flag or location
+gets every test with no test edit; a failure names the entry and the vector."""
 import ast
 import copy
 import itertools
@@ -62,6 +61,17 @@ def declared_weights(name, sv):
             for w, side in (() if sv.folds_into == AFTER_NORM else sv.folds_into)]
 
 
+def factors(model, names, source=None):
+    """{weight: the product of the factors of the vectors `names` that declare it}, each vector's g
+    read from `source` (a moved copy) or `model`."""
+    out = {}
+    for n in names:
+        g = (source or model).get_submodule(n)().detach()
+        for key, side in declared_weights(n, model.get_submodule(n)):
+            out[key] = out.get(key, 1.0) * factor(model.get_parameter(key), g, side)
+    return out
+
+
 def close(a, b):   # float32 logits of order 1 (a moved vector moves them by more than 1e-2)
     return torch.allclose(a, b, atol=2e-5, rtol=1e-4)
 
@@ -72,15 +82,10 @@ def gap(a, b):
 
 
 def untied(model):
-    """A copy of `model` where each use of a shared weight (a tied head) has a tensor of its own,
-    so each use gets its own gradient."""
-    out, seen = copy.deepcopy(model), set()
-    for key, p in list(out.named_parameters(remove_duplicate=False)):
-        if id(p) in seen:
-            holder, _, pname = key.rpartition(".")
-            setattr(out.get_submodule(holder), pname, nn.Parameter(p.detach().clone()))
-        seen.add(id(p))
-    return out
+    """A copy of `model` where each use of a shared weight (a tied head) has a tensor of its own."""
+    shared = set(dict(model.named_parameters(remove_duplicate=False))) - set(
+        dict(model.named_parameters()))
+    return folded(model, dict.fromkeys(shared, 1.0))
 
 
 def tied_to(model, key):
@@ -90,8 +95,8 @@ def tied_to(model, key):
 
 
 def unregistered(model):
-    """Modules and parameters a module holds outside its registered ones (a ScaleVector in a plain
-    list): the optimizer, checkpoints and every test miss them."""
+    """What a module holds outside its registered modules and parameters (a ScaleVector in a plain
+    list), which the optimizer, checkpoints and every test miss: a message with the fix, or []."""
     out = []
     for mname, m in model.named_modules():
         for attr, value in vars(m).items():
@@ -100,23 +105,21 @@ def unregistered(model):
             if not attr.startswith("_") and any(isinstance(v, (nn.Module, nn.Parameter))
                                                 for v in held):
                 out.append(".".join(filter(None, (mname, attr))))
-    return out
+    return out and (f"{out} is held outside the registered modules: register it as a submodule (a "
+                    "module attribute, nn.ModuleList)")
 
 
 # ---- the checks ---------------------------------------------------------------------------------
 
 def check_the_init(reparam, placement):
-    """Paper: "scale vectors initialised to 1", exactly, so a variant starts from the baseline: a
-    reparameterized model computes, bit for bit, what plain vectors compute; where no Norm is added
-    (no vector declares one before it, no Norm after the maps), what the model without any vector
-    flag computes; a seed fixes every weight the variants share; and every vector trains."""
+    """Paper: "scale vectors initialised to 1", exactly: a model computes bit for bit what plain
+    vectors compute and, where no Norm is added, what the model without vector flags computes; the
+    weights the variants share are the baseline's draws; every vector trains."""
     idx = tokens()
     for label, kw in models(reparam, placement):
         model = make(**kw)
         base = make(**{k: v for k, v in kw.items() if k not in model_py.VECTOR_FLAGS})
-        assert not unregistered(model), (
-            f"{label}: {unregistered(model)} is held outside the registered modules and "
-            "parameters: register it as a submodule (a module attribute, nn.ModuleList)")
+        assert not unregistered(model), f"{label}: {unregistered(model)}"
         for name, sv in vectors(model).items():
             one = torch.ones_like(sv())
             assert torch.equal(sv(), one), (
@@ -152,15 +155,10 @@ def every_vector_trains(model, label):
 
 
 def check_folding(reparam, placement):
-    """Paper 2.2, checked on what each vector declares. A vector that says it folds does: moved
-    away from 1 it moves the logits, and folded into the weights it names (by factor, not by
-    model.py) it gives them back. One that says a Norm stands between folds into no weight of the
-    model (every weight and side its shape fits is tried, each use of a tied weight apart; for
-    reparam 'none', since what a vector declares does not depend on how g is parameterized).
-    Telemetry's g of a map is the product of the vectors declared on its columns (a second one
-    there must not be left out), and the size it logs of each vector is g's. And
-    fold_scale_vectors reproduces the logits, or is refused exactly where such a vector is (naming
-    it) or a Norm follows the maps (DNP)."""
+    """Paper 2.2, by the declarations: a vector that says it folds moves the logits and, folded into
+    the weights it names (by `factor`, not model.py), gives them back; one after a Norm folds into
+    no weight (tried for reparam 'none'). Telemetry reads the same g; fold_scale_vectors reproduces
+    the logits, or refuses exactly where a vector or the placement has a Norm after it."""
     idx = tokens(B=2, T=8)
     for label, kw in models(reparam, placement):
         model = make(**kw)
@@ -169,15 +167,11 @@ def check_folding(reparam, placement):
         folds = [n for n, sv in svs.items() if sv.folds_into != AFTER_NORM]
         for names in [folds] + [[n] for n in folds]:   # all at once; then one by one, to name it
             moving = moved(model, names)
-            logits, factors = moving(idx)[0], {}
+            logits = moving(idx)[0]
             assert not close(logits, model(idx)[0]), (
                 f"{label}: moving {' '.join(names)} away from 1 changes no logit (inert): apply g "
                 "in the forward pass, or let GPTConfig refuse the flags that build it")
-            for n in names:
-                for key, side in declared_weights(n, svs[n]):
-                    f = factor(model.get_parameter(key), moving.get_submodule(n)().detach(), side)
-                    factors[key] = factors.get(key, 1.0) * f
-            if close(back := folded(model, factors)(idx)[0], logits):
+            if close(back := folded(model, factors(model, names, moving))(idx)[0], logits):
                 if names is folds:
                     break   # all of them fold where they declare
             elif len(names) == 1:
@@ -195,16 +189,14 @@ def check_folding(reparam, placement):
         check_telemetry(label, moving)
         if after or model_py.PLACEMENTS[placement].norm:
             try:
-                moving.fold_scale_vectors()
+                said = moving.fold_scale_vectors() and "nothing: it folded"
             except ValueError as e:
-                assert "cannot fold" in str(e) and (not after or after[0] in str(e)), (
-                    f"{label}: fold_scale_vectors' refusal must say it cannot fold and name "
-                    f"{after[:1] or 'the placement'}, not {str(e)!r}")
-                continue
-            raise AssertionError(
-                f"{label}: fold_scale_vectors folded a model with " + (
-                    f"{after[0]} after a Norm" if after else f"a Norm after the maps ({placement})")
-                + ": it must refuse, 'cannot fold ...' (GPT.fold_scale_vectors)")
+                said = str(e)
+            assert "cannot fold" in said and (not after or after[0] in said), (
+                f"{label}: GPT.fold_scale_vectors must refuse a Norm after a vector or the maps, "
+                f"saying it cannot fold and naming {after[:1] or f'the placement ({placement})'}; "
+                f"it said {said!r}")
+            continue
         plain = moving.fold_scale_vectors()
         assert not vectors(plain), (f"{label}: the folded model keeps {list(vectors(plain))}: "
                                     "fold_scale_vectors must turn their flags off (VECTOR_FLAGS)")
@@ -254,12 +246,7 @@ def where_it_folds(model, n, idx):
 def wrong_fold(model, plain, idx):
     """Which weight fold_scale_vectors got wrong, against this file's own fold of every vector
     where it declares (a message)."""
-    factors = {}
-    for n, sv in vectors(model).items():
-        for key, side in declared_weights(n, sv):
-            factors[key] = factors.get(key, 1.0) * factor(model.get_parameter(key), sv().detach(),
-                                                          side)
-    want = folded(untied(model), factors).state_dict()
+    want = folded(untied(model), factors(model, vectors(model))).state_dict()
     for key, W in plain.state_dict().items():
         if key in want and not torch.allclose(W, want[key], rtol=1e-5, atol=1e-7):
             on = [n for n, sv in vectors(model).items()
@@ -272,9 +259,8 @@ def wrong_fold(model, plain, idx):
 
 
 def check_telemetry(label, model):
-    """What train.py logs of the vectors (telemetry.py), on `model` with its vectors moved: g of
-    each map fed by a Norm, the product of every vector declared on its columns; and the size of
-    each vector, [mean, min, max] of its g per row."""
+    """telemetry.py on `model`, its vectors moved: a map's g is the product of the vectors declared
+    on its columns, and each vector's size is [mean, min, max] of its g per row."""
     svs = vectors(model)
     for name, (W, g) in telemetry.fed_maps(model).items():
         want, g = torch.ones_like(W[:, 0]), torch.ones_like(W[:1, 0]) if g is None else g
@@ -302,11 +288,9 @@ def check_telemetry(label, model):
 
 
 def check_none_folds(label, model, names, idx):
-    """The vectors `names` (plain: their raw parameter is g), said to have a Norm after them, fold
-    into no weight of the model. Folding g into W's columns at g = 1 would give dL/dg_j =
-    sum_i W_ij dL/dW_ij (rows: sum over j), so only a weight and side where that holds is tried
-    for real: g moved, then folded there, must not give the moved model's logits back. Each use of
-    a tied weight gets its own tensor first: a tied head's gradient holds the embedding's too."""
+    """The vectors `names` (raw parameter g), declared AFTER_NORM, fold into no weight. Folding at
+    g = 1 implies dL/dg_j = sum_i W_ij dL/dW_ij (columns), so only where that holds is a fold tried
+    for real. A tied head gets its own tensor first: its gradient holds the embedding's too."""
     tied, model = model, untied(model)
     model(idx, tokens(B=2, T=8, seed=5))[1].backward()
     weights = [(k, W) for k, W in model.named_parameters()
@@ -339,46 +323,51 @@ with open(os.path.join(ROOT, "train.py"), encoding="utf-8") as f:   # a script: 
 
 
 def check_optimizer_groups(reparam, placement):
-    """Paper 2.2 and train.py's schedule, on each optimizer's groups under each decay policy: every
-    parameter in exactly one group, of its declared class, on Muon exactly if a 2-D matrix (muon),
-    decayed as the declarations and the policy's entry say (matrices and embeddings always; vectors
-    by sv_decay where set), at the rate train.py's loop (LR_LOOP) sets times its class's factor, at
-    step 0, mid-schedule and after a resume with other settings (checkpoint.restore keeps them)."""
-    for (label, kw), optimizer, policy in itertools.product(
-            models(reparam, placement), ("adamw", "muon"), model_py.DECAY_POLICIES):
-        model, saved = make(**kw), None
+    """Under each optimizer and decay policy, every parameter is in one group of its declared class,
+    on Muon exactly if a 2-D matrix, decayed as the policy says (vectors by sv_decay where set), at
+    train.py's rate (LR_LOOP) times its class's factor: at step 0, mid-schedule and after a resume
+    with other settings (checkpoint.restore keeps them)."""
+    for label, kw in models(reparam, placement):
+        model = make(**kw)   # configure_optimizers leaves it as it was: one for every run
         names = {id(p): n for n, p in model.named_parameters()}
+        classes = {n: declared_class(model, n) for n in names.values()}
         with pytest.raises(ValueError, match="sv_inptu"):   # a misspelt class: not silently 1
             model.param_groups(0.1, lr_mults=dict(sv_inptu=2.0))
-        for run in RUNS:
-            opts = model.configure_optimizers(**run, betas=(0.9, 0.95), sv_weight_decay=policy,
-                                              optimizer=optimizer)
-            if saved:   # a resume: the checkpoint's weights and moments, this run's settings
-                checkpoint.restore(model, opts, saved, "ckpt")
-            groups = [g for o in opts for g in o.param_groups]
-            saved = dict(model=model.state_dict(), optimizers=[o.state_dict() for o in opts])
-            grouped = [names[id(p)] for g in groups for p in g["params"]]
-            assert sorted(grouped) == sorted(names.values()), (
-                f"{label}: {sorted(set(names.values()) - set(grouped))} in no optimizer group, "
-                f"{sorted({n for n in grouped if grouped.count(n) > 1})} in several: "
-                "GPT.param_groups must put each parameter of param_classes in one")
-            for factor in (1 / 101, 0.55):
-                exec(LR_LOOP, dict(optimizers=opts, factor=factor))
-                for g, p in ((g, p) for g in groups for p in g["params"]):
-                    cls = declared_class(model, names[id(p)])
-                    muon = optimizer == "muon" and cls == "matrix" and p.dim() == 2
-                    decayed = cls in ("matrix", "embedding", *model_py.DECAY_POLICIES[policy])
-                    coef = run.get("sv_decay", run["weight_decay"]) if cls.startswith("sv_") \
-                        else run["weight_decay"]
-                    lr = run["muon_lr" if muon else "learning_rate"] * factor
-                    want = (cls, "muon" if muon else "adamw", coef if decayed else 0.0,
-                            pytest.approx(lr * run.get("lr_mults", {}).get(cls, 1.0)))
-                    got = (g["name"], g["optimizer"], g["weight_decay"], g["lr"])
-                    assert got == want, (
-                        f"{label}, {optimizer}, sv_weight_decay={policy!r}, {run}: {names[id(p)]}'s"
-                        f" (class, optimizer, weight_decay, lr) is {got}, not {want}: the class is "
-                        "what it declares (GPT.param_classes), the decay DECAY_POLICIES', the rate "
-                        "the schedule's times lr_mults' (GPT.param_groups)")
+        for optimizer, policy in itertools.product(("adamw", "muon"), model_py.DECAY_POLICIES):
+            check_groups(label, model, names, classes, optimizer, policy)
+
+
+def check_groups(label, model, names, classes, optimizer, policy):
+    saved = None
+    for run in RUNS:
+        opts = model.configure_optimizers(**run, betas=(0.9, 0.95), sv_weight_decay=policy,
+                                          optimizer=optimizer)
+        if saved:   # a resume: the checkpoint's weights and moments, this run's settings
+            checkpoint.restore(model, opts, saved, "ckpt")
+        groups = [g for o in opts for g in o.param_groups]
+        saved = dict(model=model.state_dict(), optimizers=[o.state_dict() for o in opts])
+        grouped = [names[id(p)] for g in groups for p in g["params"]]
+        assert sorted(grouped) == sorted(names.values()), (
+            f"{label}: {sorted(set(names.values()) - set(grouped))} in no optimizer group, "
+            f"{sorted({n for n in grouped if grouped.count(n) > 1})} in several: "
+            "GPT.param_groups must put each parameter of param_classes in one")
+        for factor in (1 / 101, 0.55):
+            exec(LR_LOOP, dict(optimizers=opts, factor=factor))
+            for g, p in ((g, p) for g in groups for p in g["params"]):
+                cls = classes[names[id(p)]]
+                muon = optimizer == "muon" and cls == "matrix" and p.dim() == 2
+                decayed = cls in ("matrix", "embedding", *model_py.DECAY_POLICIES[policy])
+                coef = run.get("sv_decay", run["weight_decay"]) if cls.startswith("sv_") \
+                    else run["weight_decay"]
+                lr = run["muon_lr" if muon else "learning_rate"] * factor
+                want = (cls, "muon" if muon else "adamw", coef if decayed else 0.0,
+                        pytest.approx(lr * run.get("lr_mults", {}).get(cls, 1.0)))
+                got = (g["name"], g["optimizer"], g["weight_decay"], g["lr"])
+                assert got == want, (
+                    f"{label}, {optimizer}, sv_weight_decay={policy!r}, {run}: {names[id(p)]}'s "
+                    f"(class, optimizer, weight_decay, lr) is {got}, not {want}: the class is "
+                    "what it declares (GPT.param_classes), the decay DECAY_POLICIES', the rate "
+                    "the schedule's times lr_mults' (GPT.param_groups)")
 
 
 def same_loss_and_gradients(label, model, forwards, **tol):
@@ -395,10 +384,10 @@ def same_loss_and_gradients(label, model, forwards, **tol):
 
 def check_compiles_in_one_graph(reparam, placement):
     """compile=True must capture the whole model (fullgraph: a graph break would silently fall back
-    to eager), with the eager model's loss and gradients. Dynamo's capture alone (backend "eager",
-    about 1 s a model); inductor's code is held to eager by gpu_check's compile check."""
+    to eager), with the eager model's loss and gradients. Dynamo's capture alone (backend "eager");
+    inductor's code is held to eager by gpu_check's compile check."""
     for label, kw in [m for m in models(reparam, placement) if "MoE" not in m[0]][-1:]:   # all on
-        model = make(**kw)
+        model = make(**kw, n_layer=1)   # every block runs one code: a break shows in the first
         randomize_scale_vectors(model)
         torch._dynamo.reset()   # each model compiles afresh (not against dynamo's recompile limit)
         same_loss_and_gradients(label, model, (model, torch.compile(model, backend="eager",
@@ -406,12 +395,10 @@ def check_compiles_in_one_graph(reparam, placement):
 
 
 def check_the_moe(reparam, placement):
-    """MoE.run_experts' loop (a CPU's) and grouped GEMM (a GPU's; torch._grouped_mm runs on a CPU
-    in float32 too) give one loss and gradients, so a vector left out of one path is caught. And
-    num_active_params counts a vector as one token's only where its rows are per expert, which is
-    where the experts' ExpertsLinear holds it: one token routed to k experts (the bias chooses
-    them) gives such a vector's rows of the other experts no gradient and its own experts' some;
-    any other vector of an MoE layer has no row block of the other experts without gradient."""
+    """MoE.run_experts' loop (a CPU's) and grouped GEMM (a GPU's, which runs on a CPU in float32)
+    give one loss and gradients. A vector has rows per expert (one token routed to k experts gives
+    only theirs a gradient) exactly where the experts' ExpertsLinear holds it, as
+    num_active_params counts it."""
     for label, kw in [m for m in models(reparam, placement) if "MoE" in m[0]]:
         model, chosen, E = make(**kw), list(range(kw["n_experts_active"])), kw["n_experts"]
         randomize_scale_vectors(model)
@@ -457,10 +444,9 @@ def test_every_entry_of_the_tables(entry, check):
 # ---- decay: toward raw 0, in the optimizer only; what that makes of g is the table's -----------
 
 def test_every_reparameterization_states_what_decay_makes_of_g():
-    """AdamW's decay pulls every raw parameter toward 0, and nothing else pulls (the test below), so
-    where decay leads g is a fact of the reparameterization: its entry states it (g_at_zero), and
-    the pair rule of config/defaults.py reads it. Every trained raw parameter at 0 must give that
-    g, with a direction (d > 1) and without one (d = 1, a fixed buffer that decay leaves alone)."""
+    """Decay pulls every raw parameter toward 0 and nothing else pulls (the test below), so where it
+    leads g is the entry's g_at_zero: every trained raw parameter at 0 gives it, with a direction
+    (d > 1) and without (d = 1, a fixed buffer)."""
     for name, entry in model_py.REPARAMS.items():
         cfg = model_py.GPTConfig(**TINY, sv_reparam=name)
         for d in (4, 1):
@@ -481,9 +467,8 @@ STEP_RUN = ("--max_iters=2", "--eval_interval=1", "--eval_iters=1", "--final_eva
 
 
 def run_train_py(monkeypatch, wd, *args):
-    """train.py in this process (runpy: no interpreter to start, and a table entry registered at
-    run time is seen), on the tiny model in `wd`: its globals at the end. Its signal handlers and
-    torch's TF32 switches are put back, its lock and log closed."""
+    """train.py in this process (runpy: an entry registered at run time is seen), on the tiny model
+    in `wd`: its globals at the end; its signal handlers and TF32 switches put back."""
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     tf32 = [(m, m.allow_tf32) for m in (torch.backends.cuda.matmul, torch.backends.cudnn)]
     monkeypatch.chdir(wd)
@@ -504,11 +489,8 @@ def run_train_py(monkeypatch, wd, *args):
     model_py.REPARAMS, model_py.DECAY_POLICIES)))
 def test_train_py_moves_the_weights_only_by_the_optimizers_step(reparam, policy, workdir,
                                                                  monkeypatch):
-    """No pull can hide in train.py's loop: each of two of its steps (float64, a constant rate, no
-    clipping; its checkpoints) gives bit for bit the weights of GPT.configure_optimizers' step
-    alone, taken here on the same batches, under every reparameterization and decay policy. A
-    target other than 0 for decay is the raw parameter's (g = 1 + w), never a pull after
-    opt.step()."""
+    """No pull hides in train.py's loop: each of two of its steps (float64, constant rate, no
+    clipping) gives bit for bit the weights of the optimizer's step alone on the same batches."""
     args = [f"--sv_reparam={reparam}", f"--sv_weight_decay={policy}",
             f"--out_dir=out_step_{reparam}_{policy}"]
     run = run_train_py(monkeypatch, workdir, *STEP_RUN, *args)
@@ -539,60 +521,55 @@ def test_train_py_moves_the_weights_only_by_the_optimizers_step(reparam, policy,
 # ---- no flag is inert, and every flag that adds a vector is in the one list ---------------------
 
 def test_no_flag_is_inert():
-    """A flag (or scale_vectors) off its default changes the parameters (names, shapes) or the
-    function at init, in every combination of their values GPTConfig takes (dense, or on an MoE
-    where only an MoE takes it), or __post_init__ must refuse it."""
+    """A flag off its default changes the parameters or the function at init, in every combination
+    of the flags' values GPTConfig takes (on an MoE where only an MoE takes it)."""
     flags = {"scale_vectors": (True, False), **{f: flag_values(f) for f in model_py.VECTOR_FLAGS}}
     combos = (dict(zip(flags, values)) for values in itertools.product(*flags.values()))
-    shapes, idx = {}, tokens(B=1, T=8)
+    default, built, idx = defaults(), {}, tokens(B=1, T=8)
 
-    def signature(kw):
-        key = tuple(sorted(kw.items()))
-        if key not in shapes:
-            with torch.device("meta"):
-                m = model_py.GPT(model_py.GPTConfig(**{**TINY, **kw}))
-            shapes[key] = {k: tuple(v.shape) for k, v in m.state_dict().items()}
-        return shapes[key]
+    def made(kw, logits=False):   # its parameters' shapes (unseeded) or logits, built once each
+        key = (tuple(sorted(kw.items())), logits)
+        if key not in built:
+            m = make(**kw) if logits else model_py.GPT(model_py.GPTConfig(**TINY, **kw))
+            built[key] = m(idx)[0].detach() if logits else {
+                k: v.shape for k, v in m.state_dict().items()}
+        return built[key]
     for kw in (c if accepted(c) else dict(MOE, **c) for c in combos):
-        for flag, value in kw.items():
-            base = {**kw, flag: defaults()[flag]}
-            if flag in MOE or value == defaults()[flag] or not accepted(kw) or not accepted(base) \
-                    or signature(kw) != signature(base):
+        for flag, value in kw.items() if accepted(kw) else ():
+            base = {**kw, flag: default[flag]}
+            if flag in MOE or value == default[flag] or not accepted(base) or made(kw) != made(
+                    base):
                 continue
-            assert not torch.equal(make(**kw)(idx)[0], make(**base)(idx)[0]), (
-                f"{flag}={value!r} changes neither the parameters nor the function of {base}: " + (
-                    f"{unregistered(make(**kw))} is held outside the registered modules, register "
-                    "it as a submodule (a module attribute, nn.ModuleList)"
-                    if unregistered(make(**kw)) else "GPTConfig must refuse it (check_config)"))
+            assert not torch.equal(made(kw, True), made(base, True)), (
+                f"{flag}={value!r} changes neither the parameters nor the function of {base}: "
+                + (unregistered(make(**kw)) or "GPTConfig must refuse it (check_config)"))
 
 
 def test_every_vector_flag_is_listed():
-    """The generic tests build their models from model.VECTOR_FLAGS: a bool field outside it (and
-    scale_vectors) that adds a vector, to a dense model or an MoE, would go untested."""
+    """The generic tests build their models from VECTOR_FLAGS: a bool field outside it that adds a
+    vector, dense or on an MoE, would go untested."""
     for f, base in itertools.product(fields(model_py.GPTConfig), ({}, MOE)):
         flipped = {**base, f.name: not f.default}
         if f.name not in (*model_py.VECTOR_FLAGS, "scale_vectors") and f.type in (bool, "bool") \
                 and accepted(flipped):
-            assert vectors(make(**flipped)).keys() == vectors(make(**base)).keys(), (
+            model = make(**flipped)
+            assert vectors(model).keys() == vectors(make(**base)).keys(), (
                 f"{f.name} adds or changes scale vectors: list it in model.VECTOR_FLAGS")
-            assert not unregistered(make(**flipped)), (
-                f"{f.name}=True puts {unregistered(make(**flipped))} outside the registered "
-                "modules: register it as a submodule (a module attribute, nn.ModuleList)")
+            assert not unregistered(model), f"{f.name}={not f.default}: {unregistered(model)}"
 
 
 # ---- tests/README.md's checklist, followed mechanically ----------------------------------------
 
 @dataclass
 class ToyConfig(model_py.GPTConfig):
-    """A new location, step 1: a GPTConfig field each (checked by their VECTOR_FLAGS entries:
-    GPTConfig refuses them without scale vectors, sv_router without an MoE)."""
+    """A new location, step 1: a GPTConfig field each."""
     sv_headgate: bool = False   # a learnable scalar a_h per head on attention's output, before W_o
     sv_router: bool = False     # a vector on the MoE router's input (an MoE-only flag)
 
 
 class HeadGateAttention(model_py.Attention):
-    """Step 4: the vector and its declaration. W_o concat_h(a_h o_h) = (W_o diag(a repeated over a
-    head's channels)) concat_h(o_h): the gate folds into W_o's columns, one entry per head."""
+    """Step 4: W_o concat_h(a_h o_h) = (W_o diag(a repeated over a head)) concat_h(o_h): the gate
+    folds into W_o's columns, one entry per head."""
     DECLARED = (("proj.weight", "columns"),)   # a wrong toy overrides one of these two
     INIT = None
 
@@ -610,8 +587,7 @@ class HeadGateAttention(model_py.Attention):
 
 
 class RouterGateMoE(model_py.MoE):
-    """An MoE-only location: W_r (g_r * g_ffn * Norm(x)), g_r folded into the router's columns
-    beside g_ffn (under HG the router's own g_in): two vectors feed one map."""
+    """An MoE-only location: W_r (g_r * g_ffn * Norm(x)), two vectors folded into one map."""
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -623,8 +599,8 @@ class RouterGateMoE(model_py.MoE):
 
 
 def register_the_toys(monkeypatch, router=None, **toy):
-    """Steps 1-4 of a new location, at run time: the head gate, `toy` overriding its DECLARED or
-    INIT; the router's vector, `router` its VECTOR_FLAGS entry (None: none)."""
+    """Steps 1-4: the head gate (`toy` overrides DECLARED or INIT); the router's vector, `router`
+    its VECTOR_FLAGS entry (None: none)."""
     monkeypatch.setattr(model_py, "GPTConfig", ToyConfig)
     monkeypatch.setattr(model_py, "Attention", type("Toy", (HeadGateAttention,), toy))
     monkeypatch.setattr(model_py, "MoE", RouterGateMoE)
@@ -648,29 +624,26 @@ TOY_VARIANTS = dict(toy_decay=dict(sv_weight_decay="blocks_all", sv_decay=0.5), 
 
 
 def test_the_readme_checklist_on_toy_entries(monkeypatch, tmp_path):
-    """tests/README.md's checklist: one entry per table, registered at runtime, gets every generic
-    check with no other edit: a reparameterization "sp" (g = softplus(a) / softplus(0): 1 at a = 0,
-    and where decay leads, so a decaying policy is refused with it), a placement "norm2"
-    (dnp_novec's entry: a Norm after the maps, no vector there, so folding must be refused by the
-    entry, not the name), a decay policy "blocks_all" (every vector but g_final); so do two
-    locations (a per-head gate before W_o; a vector on the router's input, MoE-only) and two named
-    variants with their config files. A wrong g_at_zero, an MoE-only flag left out of
-    VECTOR_FLAGS, a config without a training key, entries without their README rows, fail."""
+    """tests/README.md's checklist, followed at run time with no other edit: a reparameterization
+    "sp" (g = softplus(a) / softplus(0)), a placement "norm2" (dnp_novec's entry under a new name),
+    a decay policy "blocks_all", two locations (a per-head gate before W_o, an MoE-only vector on
+    the router's input) and two named variants pass every generic check. A wrong g_at_zero, an
+    MoE-only flag left out of VECTOR_FLAGS, a config without a training key and entries without
+    their README rows fail."""
     sp = lambda p, eps: F.softplus(p["a"]) / F.softplus(p["a"].new_zeros(()))  # noqa: E731
     monkeypatch.setitem(model_py.REPARAMS, "sp", model_py.Reparam(dict(a=("vector", 0.0)), sp, 1.0))
     monkeypatch.setitem(model_py.PLACEMENTS, "norm2", model_py.PLACEMENTS["dnp_novec"])
     monkeypatch.setitem(model_py.DECAY_POLICIES, "blocks_all", ("sv_input", "sv_output"))
-    for entry, check in itertools.product([("sp", "pre"), ("sp", "dnp"), ("or", "norm2")], CHECKS):
-        check(*entry)   # every generic check of each entry
+    register_the_toys(monkeypatch, model_py.VectorFlag((False, True), moe_only=True))
+    # dp folds on both sides of the maps, dnp is refused folding, norm2 by its entry, not its name
+    for entry, check in itertools.product([("sp", "dp"), ("sp", "dnp"), ("or", "norm2")], CHECKS):
+        check(*entry)
     test_every_reparameterization_states_what_decay_makes_of_g()
     monkeypatch.setitem(model_py.REPARAMS, "sp0", model_py.REPARAMS["sp"]._replace(g_at_zero=0.0))
     with pytest.raises(AssertionError, match=r"^REPARAMS\['sp0'\] states g_at_zero=0.0, but with "
                                              r"its raw parameters at 0 .* g is \[1.0"):
         test_every_reparameterization_states_what_decay_makes_of_g()
     monkeypatch.delitem(model_py.REPARAMS, "sp0")
-    register_the_toys(monkeypatch, model_py.VectorFlag((False, True), moe_only=True))
-    for entry, check in itertools.product([("none", "pre"), ("er", "dp"), ("none", "dnp")], CHECKS):
-        check(*entry)
     test_no_flag_is_inert()
     test_every_vector_flag_is_listed()
     assert {"blocks.0.attn.gate", "blocks.0.mlp.g_router"} <= set(vectors(make(
@@ -711,8 +684,8 @@ BUILT = "folds_into must be AFTER_NORM or"   # refused when it is read
     ids=["init_tenth", "declared_after_norm", "folded_elsewhere", "empty", "none", "sideways",
          "no_such_weight", "rows_misfit"])
 def test_a_wrong_toy_location_fails_the_generic_checks(monkeypatch, toy, fails, refused):
-    """Each silent mistake a fork can make, made on the toy location, fails a generic check with a
-    message naming the vector; a declaration the model cannot use, folding refuses, naming it."""
+    """A fork's silent mistake on the toy location fails a generic check, naming the vector; a
+    declaration the model cannot use is refused by folding, naming it."""
     register_the_toys(monkeypatch, **toy)
     if refused:
         with pytest.raises(ValueError, match=r"^blocks\.0\.attn\.gate:? " + refused):
@@ -727,9 +700,8 @@ def test_a_wrong_toy_location_fails_the_generic_checks(monkeypatch, toy, fails, 
 # ---- README's variants table says where each flag's vectors act, as they declare ---------------
 
 def where_they_act(kw):
-    """What README's column says of a flag: the sites ("`attn.qkv` rows", per block) of the
-    vectors it adds or reshapes against the defaults (against no vectors for scale_vectors=True),
-    "after a Norm" for those that declare a Norm after them."""
+    """README's column for a flag: the sites ("`attn.qkv` rows") of the vectors it adds or changes
+    against the defaults (no vectors for scale_vectors=True), or "after a Norm"."""
     base = make(**({"scale_vectors": False} if kw.get("scale_vectors") else {}))
     model, sites = make(**kw), set()
     for name, sv in vectors(model).items():
@@ -742,11 +714,14 @@ def where_they_act(kw):
     return sites
 
 
-def test_the_readme_table_says_where_each_flags_vectors_act():
+def readme_rows():
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-        rows = [line.split(" | ") for line in f if line.startswith("| `")]
+        return [line.split(" | ") for line in f if line.startswith("| `")]
+
+
+def test_the_readme_table_says_where_each_flags_vectors_act():
     checked = 0
-    for flag_cell, _, acts, _ in (r for r in rows if len(r) == 4):
+    for flag_cell, _, acts, _ in (r for r in readme_rows() if len(r) == 4):
         kw = {k: ast.literal_eval(v) for k, v in re.findall(r"`(\w+)=([^`]+)`", flag_cell)
               if k in defaults()}
         if kw:
@@ -761,12 +736,10 @@ def test_the_readme_table_says_where_each_flags_vectors_act():
 
 
 def documented_values():
-    """(key, value) of each value of each VECTOR_FLAGS flag and each decay policy, the defaults
-    aside: each is one of the project's variants, which README.md and DESIGN.md name."""
-    keys = {**{f: flag_values(f) for f in model_py.VECTOR_FLAGS}, "sv_weight_decay": [
-        DEFAULTS["sv_weight_decay"],
-        *(p for p in model_py.DECAY_POLICIES if p != DEFAULTS["sv_weight_decay"])]}
-    return [(k, v) for k, values in keys.items() for v in values[1:]]
+    """(key, value) of each flag's and decay policy's values but the defaults."""
+    values = {**{f: flag_values(f)[1:] for f in model_py.VECTOR_FLAGS}, "sv_weight_decay": [
+        p for p in model_py.DECAY_POLICIES if p != DEFAULTS["sv_weight_decay"]]}
+    return [(k, v) for k, vs in values.items() for v in vs]
 
 
 def spelled(key, value):
@@ -776,11 +749,9 @@ def spelled(key, value):
 
 
 def test_every_table_entry_and_flag_has_its_readme_row_and_design_entry():
-    """README's variants table has a row for each value of each flag and decay policy (in a row's
-    first cell, `key=value`, or its value as `"value"` beside `key=`), and DESIGN.md, which defines
-    the variants, names each (`key=value`, a bool flag as `key`, a table entry as `value`)."""
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-        rows = [line.split(" | ") for line in f if line.startswith("| `")]
+    """README's variants table has a row for each value of each flag and decay policy, and
+    DESIGN.md names each (`key=value`, a bool flag as `key`, a table entry as `value`)."""
+    rows = readme_rows()
     with open(os.path.join(ROOT, "DESIGN.md"), encoding="utf-8") as f:
         design = f.read()
     no_row, no_entry = [], []
@@ -812,10 +783,8 @@ def test_a_config_file_sets_the_keys_of_its_name_and_no_vector_of_it_is_inert(co
 
 
 def check_config_file(path):
-    """A config file sets each key of its variant (named_flags), model or training: one without a
-    training key runs another variant under its name. And no vector of its model is inert: one
-    applied only under another flag (post_norm) got no gradient in its own config file (its flags,
-    at the tiny size), while the generic check, every flag on, passed."""
+    """A config file sets each key of its variant, model or training, and no vector of its model
+    (at the tiny size) is inert: one applied only under another flag passes the all-on walk."""
     name = variant_of(os.path.basename(path)[:-3].rsplit("_", 1)[0])
     cfg, want = train_config(path), named_flags(name)
     wrong = {k: cfg[k] for k in want if cfg[k] != want[k]}
@@ -827,8 +796,8 @@ def check_config_file(path):
 
 
 def check_named_variant(name, configs):
-    """A named variant sets train.py's keys, to values its rules take; it builds (on an MoE, if a
-    flag of it acts in an MoE only) and has a char config file (moe_<name>_char.py on an MoE)."""
+    """A named variant's keys pass train.py's rules, it builds (on an MoE if it needs one) and has
+    a char config file."""
     flags, moe = VARIANTS[name], not accepted(model_keys(VARIANTS[name]))
     train_config(f"config/{'moe_baseline' if moe else 'shakespeare'}_char.py",
                  tuple(f"--{k}={v}" for k, v in flags.items()))
