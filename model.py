@@ -336,17 +336,17 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None):
         """Returns the logits over the tokenizer's vocabulary, and the mean cross-entropy (or
         None without targets)."""
-        c = self.config   # RoPE has no table of positions, so any length runs
-        rope = rope_table(c, idx.size(1), idx.device, self.wte.weight.dtype)
+        # RoPE keeps no table of positions, so a sequence of any length runs
+        rope = rope_table(self.config, idx.size(1), idx.device, self.wte.weight.dtype)
         x = self.wte(idx)
         for block in self.blocks:
             x = block(x, rope)
-        x = norm(x, c.norm_eps)
+        x = norm(x, self.config.norm_eps)
         logits = self.head(x * self.g_final() if self.g_final is not None else x)
         # the padded rows take part in the softmax, and learn to stay low
         loss = None if targets is None else F.cross_entropy(
             fp32(logits).flatten(0, 1), targets.flatten(), ignore_index=-1)
-        return logits[..., : c.vocab_size], loss
+        return logits[..., : self.config.vocab_size], loss
 
     # ---- scale vectors: where each acts, decay groups, folding -----------------------------------
 

@@ -37,7 +37,7 @@ def setup_cpu(threads=0):
         if idle is not None:   # Linux
             threads = max(1, min(idle, torch.get_num_threads()))
             said = f": {idle} of {cores} cores were idle at start, --cpu_threads=N sets them"
-    if threads:
+    if threads and threads != torch.get_num_threads():
         torch.set_num_threads(threads)
     n = torch.get_num_threads()
     return f"{n} thread{'s' * (n > 1)}{said}"
