@@ -22,7 +22,8 @@ def one_thread():
 
 
 def pytest_configure(config):   # `-m "not slow"` leaves them out
-    config.addinivalue_line("markers", "slow: a test of several processes, 10-40 s on 2 cores")
+    config.addinivalue_line("markers", "slow: a test of several processes, or a walk over every "
+                            "result or flag combination: 10-40 s on 2 cores")
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -623,6 +623,7 @@ TOY_VARIANTS = dict(toy_decay=dict(sv_weight_decay="blocks_all", sv_decay=0.5), 
     sv_reparam="sp", sv_placement="norm2", sv_headgate=True, sv_router=True))
 
 
+@pytest.mark.slow   # the toys double the flags' combinations in test_no_flag_is_inert
 def test_the_readme_checklist_on_toy_entries(monkeypatch, tmp_path):
     """tests/README.md's checklist, followed at run time with no other edit: a reparameterization
     "sp" (g = softplus(a) / softplus(0)), a placement "norm2" (dnp_novec's entry under a new name),

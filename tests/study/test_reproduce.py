@@ -206,6 +206,7 @@ def test_every_file_of_a_run_folder_is_accounted_for_when_the_grid_acts_on_it(mo
     assert {seed: snapshot(run) for seed, run in filled.items()} == before
 
 
+@pytest.mark.slow   # it recomputes every committed summary
 def test_rows_run_what_their_names_say_the_readme_plans_and_the_summaries_regenerate(
         monkeypatch, capsys):
     """Results are read by their row's name, and a results folder holds one grid's settings."""
